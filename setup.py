@@ -1,0 +1,28 @@
+"""cbs_jax: critical batch size of LLM policy optimization, in JAX/Flax."""
+import setuptools
+
+setuptools.setup(
+    name="cbs_jax",
+    version="0.1.0",
+    description=("Measure gradient noise and the critical batch size of "
+                 "GRPO/PPO policy optimization for LLMs (JAX, Flax NNX)."),
+    packages=setuptools.find_packages(include=["cbs_jax", "cbs_jax.*"]),
+    package_data={"cbs_jax.tasks": ["data/*.jsonl"]},
+    python_requires=">=3.10",
+    install_requires=[
+        "jax>=0.6",
+        "flax>=0.11",
+        "optax>=0.2.4",
+        "orbax-checkpoint>=0.11",
+        "numpy>=1.26",
+        "ml-collections>=0.1.1",
+        "absl-py>=2.0",
+        "tqdm>=4.60",
+        "tensorboardX>=2.6",
+        "matplotlib>=3.7",
+    ],
+    extras_require={
+        "test": ["pytest>=7", "pytest-xdist>=3", "hypothesis>=6.80", "scipy>=1.10"],
+        "hf": ["tokenizers>=0.15", "safetensors>=0.4"],
+    },
+)
