@@ -1,0 +1,184 @@
+"""The full configuration tree, its defaults, and its validation.
+
+Every config file in ``configs/`` starts from ``base_config()`` and changes a
+few fields, so each field is defined and commented once, here. The returned
+ConfigDict is locked: a mistyped field (``--config.rl.clip_eps=...``) is an
+error from ml_collections that names it, and overrides are type-checked.
+``validate`` checks ranges and consistency before anything compiles and
+raises ``ValueError`` naming the field and the bad value.
+"""
+from __future__ import annotations
+
+import ml_collections
+
+from cbs_jax import model as model_lib
+
+ConfigDict = ml_collections.ConfigDict
+
+
+def base_config() -> ConfigDict:
+  c = ConfigDict()
+  c.mode = "rl"           # "rl": GRPO/PPO from the SFT base; "sft": supervised warm start only
+  c.seed = 0              # seeds parameters, prompts, sampling: same seed, same run
+
+  c.task = ConfigDict()
+  c.task.name = "arithmetic"  # arithmetic | countdown | gsm8k
+  c.task.kwargs = ConfigDict()  # passed to the task constructor (see cbs_jax/tasks)
+  c.task.kwargs.min_digits = 1     # arithmetic: fewest digits in an operand
+  c.task.kwargs.max_digits = 3     # arithmetic: most digits in an operand
+  c.task.kwargs.ops = "+-"         # arithmetic: operators drawn uniformly
+  c.task.kwargs.mul_max_digits = 2  # arithmetic: digit cap for '*' operands
+
+  c.model = model_lib.default_config()  # see model.default_config for each field
+
+  c.sampling = ConfigDict()
+  c.sampling.temperature = 1.0   # rollout temperature (behaviour log-probs use it)
+  c.sampling.top_k = 0           # 0 = off
+  c.sampling.top_p = 1.0         # 1.0 = off
+  c.sampling.max_new_tokens = 0  # 0 = the task's longest solution + 1 (for EOS)
+
+  c.sft = ConfigDict()
+  c.sft.steps = 300          # optimizer steps of next-token training on solutions
+  c.sft.batch_size = 64      # problems per SFT step
+  c.sft.lr = 3e-3            # Adam peak learning rate (cosine decay to 10%)
+  c.sft.warmup_steps = 20    # linear warmup steps
+  c.sft.eval_every = 100     # steps between held-out pass-rate evaluations (0 = end only)
+  c.sft.base_dir = "sft_base"  # RL: SFT base checkpoint dir, relative to the workdir
+                               # (absolute paths allowed); built here if missing
+
+  c.rl = ConfigDict()
+  c.rl.algo = "grpo"            # grpo (group advantages) | ppo (value head + GAE)
+  c.rl.advantage = "grpo"       # grpo | drgrpo | rloo | batch_std (ignored by ppo)
+  c.rl.adv_eps = 1e-6           # epsilon added to the std in grpo / batch_std
+  c.rl.loss = "ppo"             # ppo (clipped) | cispo | pg | gspo
+  c.rl.clip_eps_low = 0.2       # lower clip: ratio >= 1 - clip_eps_low
+  c.rl.clip_eps_high = 0.2      # upper clip: ratio <= 1 + clip_eps_high (10.0 ~ unclipped)
+  c.rl.clip_c = 0.0             # dual-clip constant (> 1), 0 = off
+  c.rl.aggregation = "token_mean"  # token_mean | seq_mean_token_mean | seq_mean_token_sum_norm
+  c.rl.kl_beta = 0.0            # weight of the KL penalty to the frozen start policy
+  c.rl.kl_estimator = "k3"      # k1 | k3
+  c.rl.gamma = 1.0              # ppo: discount
+  c.rl.lam = 0.95               # ppo: GAE lambda
+  c.rl.vf_coef = 0.5            # ppo: value-loss weight
+  c.rl.value_clip = 0.0         # ppo: value clipping range, 0 = off
+
+  c.batch = ConfigDict()
+  c.batch.num_prompts = 16        # P prompts per generation round
+  c.batch.rollouts_per_prompt = 16  # K rollouts per prompt (N = P*K)
+  c.batch.num_minibatches = 1     # optimizer steps per epoch over the round (splits prompts)
+  c.batch.num_epochs = 1          # passes over the round; updates/round = minibatches*epochs
+  c.batch.staleness = 0           # rounds the behaviour policy lags (async-style generation)
+
+  c.optim = ConfigDict()
+  c.optim.lr = 3e-4             # Adam learning rate at the reference batch size
+  c.optim.lr_rule = "sqrt"      # constant | sqrt | linear: lr = lr * rule(N / ref_batch)
+  c.optim.ref_batch = 256       # reference rollouts per update for lr_rule
+  c.optim.warmup_steps = 5      # linear warmup (optimizer steps)
+  c.optim.b1 = 0.9              # Adam beta1
+  c.optim.b2 = 0.99             # Adam beta2
+  c.optim.eps = 1e-8            # Adam epsilon
+  c.optim.weight_decay = 0.0    # decoupled weight decay
+  c.optim.grad_clip = 1.0       # global-norm clip, 0 = off
+
+  c.train = ConfigDict()
+  c.train.num_rounds = 60          # generation rounds
+  c.train.eval_every = 10          # rounds between evaluations (0 = start and end only)
+  c.train.eval_prompts = 512       # held-out prompts for pass@1
+  c.train.eval_seed = 12345        # seed of the held-out prompt set
+  c.train.eval_temperature = 1.0   # pass@1 sampling temperature
+  c.train.checkpoint_every = 10    # rounds between checkpoints (the last round always saved)
+  c.train.max_consecutive_nonfinite = 3  # stop after this many skipped updates in a row
+  c.train.progress = True          # console progress bar
+
+  c.noise = ConfigDict()
+  c.noise.split_every = 1      # rounds between split-microbatch estimates (0 = off)
+  c.noise.exact_every = 0      # rounds between exact per-rollout estimates (0 = off)
+  c.noise.chunk_prompts = 4    # exact path: prompts per vmap chunk (divides the prompts of an update)
+  c.noise.ema_decay = 0.9      # tracker EMA decay (numerators and denominators separately)
+  c.noise.drift_every = 0      # off-policy: per-rollout trace_intra at every reuse step, every n rounds (0 = off)
+  return c
+
+
+_CHOICES = {
+    "mode": ("rl", "sft"),
+    "task.name": ("arithmetic", "countdown", "gsm8k"),
+    "rl.algo": ("grpo", "ppo"),
+    "rl.advantage": ("grpo", "drgrpo", "rloo", "batch_std"),
+    "rl.loss": ("ppo", "cispo", "pg", "gspo"),
+    "rl.aggregation": ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"),
+    "rl.kl_estimator": ("k1", "k3"),
+    "optim.lr_rule": ("constant", "sqrt", "linear"),
+}
+_POSITIVE = ("sft.steps", "sft.batch_size", "batch.num_prompts",
+             "batch.rollouts_per_prompt", "batch.num_minibatches",
+             "batch.num_epochs", "optim.ref_batch", "train.num_rounds",
+             "train.eval_prompts", "train.max_consecutive_nonfinite",
+             "noise.chunk_prompts")
+_NON_NEGATIVE = ("seed", "sampling.top_k", "sampling.max_new_tokens",
+                 "sft.warmup_steps", "sft.eval_every", "batch.staleness",
+                 "optim.warmup_steps", "optim.weight_decay", "optim.grad_clip",
+                 "train.eval_every", "train.checkpoint_every",
+                 "noise.split_every", "noise.exact_every", "noise.drift_every",
+                 "rl.kl_beta", "rl.vf_coef", "rl.value_clip", "rl.clip_c")
+
+
+def _get(c, dotted):
+  for part in dotted.split("."):
+    c = c[part]
+  return c
+
+
+def validate(c: ConfigDict) -> None:
+  """Raise ValueError naming the first bad field; returns None when all is well."""
+  for field, choices in _CHOICES.items():
+    v = _get(c, field)
+    if v not in choices:
+      raise ValueError(f"config.{field}={v!r} is not one of {list(choices)}")
+  for field in _POSITIVE:
+    v = _get(c, field)
+    if isinstance(v, bool) or not v > 0:
+      raise ValueError(f"config.{field} must be > 0, got {v!r}")
+  for field in _NON_NEGATIVE:
+    v = _get(c, field)
+    if isinstance(v, bool) or not v >= 0:
+      raise ValueError(f"config.{field} must be >= 0, got {v!r}")
+  for field in ("optim.lr", "sft.lr", "sampling.temperature",
+                "train.eval_temperature", "rl.clip_eps_low", "rl.clip_eps_high",
+                "optim.eps", "rl.adv_eps"):
+    v = _get(c, field)
+    if not v > 0:
+      raise ValueError(f"config.{field} must be > 0, got {v!r}")
+  if not 0.0 < c.sampling.top_p <= 1.0:
+    raise ValueError(f"config.sampling.top_p must be in (0, 1], got {c.sampling.top_p!r}")
+  for field in ("optim.b1", "optim.b2", "noise.ema_decay", "rl.gamma", "rl.lam"):
+    v = _get(c, field)
+    if not 0.0 <= v <= 1.0:
+      raise ValueError(f"config.{field} must be in [0, 1], got {v!r}")
+  if c.rl.clip_eps_low >= 1.0:
+    raise ValueError(f"config.rl.clip_eps_low must be < 1 (ratio floor 1-eps > 0), "
+                     f"got {c.rl.clip_eps_low!r}")
+  if c.rl.clip_c and c.rl.clip_c <= 1.0:
+    raise ValueError(f"config.rl.clip_c must be > 1 when set (0 = off), got {c.rl.clip_c!r}")
+  model_lib.validate_config(c.model, prefix="config.model")
+  P, K = c.batch.num_prompts, c.batch.rollouts_per_prompt
+  if c.mode == "rl":
+    if c.rl.algo == "grpo" and K < 2:
+      raise ValueError(f"config.batch.rollouts_per_prompt={K}: GRPO needs K >= 2 "
+                       "rollouts per prompt for a group baseline")
+    if P % c.batch.num_minibatches:
+      raise ValueError(
+          f"config.batch.num_minibatches={c.batch.num_minibatches} does not divide "
+          f"config.batch.num_prompts={P} (minibatches split the round by prompt, "
+          f"so N=P*K={P * K} rollouts cannot be split evenly)")
+    P_mb = P // c.batch.num_minibatches
+    if c.noise.split_every and (P_mb % 2 or K % 2):
+      raise ValueError(
+          f"config.noise.split_every={c.noise.split_every} needs an even number of "
+          f"prompts per update ({P_mb}) and even config.batch.rollouts_per_prompt "
+          f"({K}); set config.noise.split_every=0 or change the batch")
+    if (c.noise.exact_every or c.noise.drift_every) and P_mb % c.noise.chunk_prompts:
+      raise ValueError(
+          f"config.noise.chunk_prompts={c.noise.chunk_prompts} does not divide the "
+          f"{P_mb} prompts of one update")
+    if c.rl.algo == "ppo" and not c.model.value_head:
+      raise ValueError("config.rl.algo='ppo' needs config.model.value_head=True")

@@ -1,0 +1,123 @@
+"""Policy-drift statistics between the behaviour policy and the current one.
+
+When one generation round is reused for several updates, the policy being
+trained (``current``) drifts away from the one that sampled the tokens
+(``behaviour``).  ``drift_stats`` summarises that drift on the sampled
+completion tokens: KL estimates (kappa), importance-ratio range, clip
+fractions and effective sample sizes.  All statistics are token-means over
+the mask unless said otherwise; the function is jittable and returns scalar
+arrays.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from jax.scipy.special import logsumexp
+
+DRIFT_KEYS = ("kappa_k1", "kappa_k3", "ratio_mean", "ratio_max", "ratio_min",
+              "clip_frac_low", "clip_frac_high", "ess", "seq_ess")
+
+
+def _ess_from_log_weights(logw, valid):
+  """Normalised ESS ``(sum w)^2 / (n sum w^2)`` from log-weights, in log space.
+
+  ``exp(2 lse(logw) - lse(2 logw) - log n)`` over valid entries, after
+  shifting by the max: no overflow and no precision loss for large sequence
+  log-ratios.  Returns 1.0 when there is no valid entry.
+  """
+  n = jnp.sum(valid.astype(jnp.float32))
+  # ESS is scale-invariant: shift by the max valid log-weight first so the
+  # log-sum-exps are O(log n) numbers (float32 keeps full relative precision
+  # even for sequence log-ratios in the hundreds).
+  top = jnp.max(jnp.where(valid, logw, -jnp.inf))
+  logw = jnp.where(valid, logw - jnp.where(jnp.isfinite(top), top, 0.0), 0.0)
+  lse1 = logsumexp(jnp.where(valid, logw, -jnp.inf))
+  lse2 = logsumexp(jnp.where(valid, 2.0 * logw, -jnp.inf))
+  ess = jnp.exp(2.0 * lse1 - lse2 - jnp.log(jnp.maximum(n, 1.0)))
+  return jnp.where(n > 0, ess, 1.0)
+
+
+def drift_stats(logp_behaviour_BxT, logp_current_BxT, mask_BxT,
+                clip_eps_low: float = 0.2, clip_eps_high: float = 0.2,
+                adv_BxT=None) -> dict:
+  """Drift statistics on the rollout tokens (token-mean over ``mask``).
+
+  With ``k1 = logp_b - logp_cur`` and ``r = exp(-k1) = pi_cur / pi_b`` on
+  valid tokens (samples drawn from the behaviour policy):
+
+    kappa_k1    mean(k1): unbiased estimate of KL(behaviour || current) per
+                token (can come out negative on a finite sample).
+    kappa_k3    mean(exp(-k1) - 1 + k1): unbiased too, each term >= 0.
+    ratio_mean / ratio_max / ratio_min   of r over valid tokens.
+    clip_frac_low / clip_frac_high   fraction of ALL valid tokens with
+                r < 1 - clip_eps_low / r > 1 + clip_eps_high.  If ``adv_BxT``
+                is given, a token counts only where PPO's clip is active for
+                its advantage sign (low side for A < 0, high side for A > 0,
+                A = 0 never); the denominator stays all valid tokens.
+    ess         (sum r)^2 / (n sum r^2) over the n valid tokens, in (0, 1];
+                1.0 on-policy.
+    seq_ess     the same over per-sequence weights
+                w_i = exp(sum_t m (logp_cur - logp_b)), over sequences with at
+                least one valid token.
+
+  An all-zero mask gives 0 for every statistic except ess = seq_ess = 1 (no
+  NaN).  Computed in float32 (or the inputs' wider float dtype).
+  """
+  lb = jnp.asarray(logp_behaviour_BxT)
+  lc = jnp.asarray(logp_current_BxT)
+  dtype = jnp.promote_types(jnp.promote_types(lb.dtype, lc.dtype),
+                            jnp.float32)
+  lb, lc = lb.astype(dtype), lc.astype(dtype)
+  mask = jnp.asarray(mask_BxT).astype(dtype)
+  valid = mask > 0
+  n = jnp.sum(mask)
+  n_safe = jnp.maximum(n, 1.0)
+  has_any = n > 0
+
+  k1 = jnp.where(valid, lb - lc, 0.0)
+  ratio = jnp.exp(-k1)                       # 1 on padding
+  k3 = jnp.expm1(-k1) + k1                   # 0 on padding
+  mean = lambda x: jnp.sum(x * mask) / n_safe
+
+  low = ratio < 1.0 - clip_eps_low
+  high = ratio > 1.0 + clip_eps_high
+  if adv_BxT is not None:
+    adv = jnp.asarray(adv_BxT)
+    low = low & (adv < 0)
+    high = high & (adv > 0)
+  low = (low & valid).astype(dtype)
+  high = (high & valid).astype(dtype)
+
+  zero = jnp.zeros((), dtype)
+  ratio_max = jnp.where(has_any, jnp.max(jnp.where(valid, ratio, -jnp.inf)),
+                        zero)
+  ratio_min = jnp.where(has_any, jnp.min(jnp.where(valid, ratio, jnp.inf)),
+                        zero)
+
+  log_ratio = -k1
+  seq_log_w = jnp.sum(log_ratio * mask, axis=1)
+  seq_valid = jnp.sum(mask, axis=1) > 0
+
+  return {
+      "kappa_k1": mean(k1),
+      "kappa_k3": mean(k3),
+      "ratio_mean": mean(ratio),
+      "ratio_max": ratio_max,
+      "ratio_min": ratio_min,
+      "clip_frac_low": jnp.sum(low) / n_safe,
+      "clip_frac_high": jnp.sum(high) / n_safe,
+      "ess": _ess_from_log_weights(log_ratio, valid).astype(dtype),
+      "seq_ess": _ess_from_log_weights(seq_log_w, seq_valid).astype(dtype),
+  }
+
+
+def exact_kl(p_logits, q_logits) -> jax.Array:
+  """Exact KL(p || q) of categorical distributions over the last axis.
+
+  ``sum_v p_v (log p_v - log q_v)`` with log-softmax of the logits (float32);
+  entries with p_v = 0 contribute 0.  Returns an array of the leading shape.
+  """
+  logp = jax.nn.log_softmax(jnp.asarray(p_logits, jnp.float32), axis=-1)
+  logq = jax.nn.log_softmax(jnp.asarray(q_logits, jnp.float32), axis=-1)
+  p = jnp.exp(logp)
+  return jnp.sum(jnp.where(p > 0, p * (logp - logq), 0.0), axis=-1)

@@ -1,0 +1,154 @@
+"""Gradient statistics of a rollout batch: the model side of ``noise.py``.
+
+Two instruments, both per parameter leaf so that noise can be broken down by
+parameter group (embeddings, attention, MLP, norms, head):
+
+* ``split_grads``: the training gradient computed as an m x n grid of
+  microbatches (prompt parts x rollout parts), returning both their mean
+  (exactly the batch gradient) and the per-leaf ``SplitMoments``. Nearly
+  free: the same FLOPs as one batch gradient.
+* ``group_moments``: exact per-rollout gradients ``g_i = N * grad L_i`` with
+  ``jax.vmap(jax.grad)`` over a chunk of prompts (all K rollouts of each),
+  streamed with ``lax.map`` over chunks and reduced on the fly to per-prompt
+  sums of squared norms, per-prompt mean-gradient norms and the running sum
+  of prompt means: memory O(chunk x params), never N x params.
+
+Batches are dicts of arrays with leading dim B = P*K, prompt-major (rollout
+b = p*K + k); ``objective.rollout_losses`` supplies the per-rollout terms.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from cbs_jax import noise
+from cbs_jax import objective
+
+Array = jax.Array
+
+PARAM_GROUPS = ("embeddings", "attention", "mlp", "norms", "head")
+
+
+def param_group(path: str) -> str:
+  """Parameter group of a leaf path such as 'blocks/0/attn/wq'."""
+  if "norm" in path:
+    return "norms"
+  if "/attn/" in f"/{path}/":
+    return "attention"
+  if "/mlp/" in f"/{path}/":
+    return "mlp"
+  if path.startswith("embed"):
+    return "embeddings"
+  return "head"
+
+
+def leaf_paths(params) -> list[str]:
+  flat, _ = jax.tree_util.tree_flatten_with_path(params)
+  return ["/".join(str(getattr(k, "key", getattr(k, "idx", k))) for k in p)
+          for p, _ in flat]
+
+
+def _grid(x: Array, P: int, K: int, m: int, n: int) -> Array:
+  """[P*K, ...] -> [m, n, (P/m)*(K/n), ...]: prompt part a, rollout part b."""
+  rest = x.shape[1:]
+  x = x.reshape((m, P // m, n, K // n) + rest)
+  x = jnp.moveaxis(x, 2, 1)  # m, n, P/m, K/n, ...
+  return x.reshape((m, n, (P // m) * (K // n)) + rest)
+
+
+def _loss_sum(params, graphdef, batch, counts, rl_cfg, sampling_cfg):
+  return objective.batch_loss(params, graphdef, batch, counts, rl_cfg, sampling_cfg)
+
+
+def split_grads(params, graphdef, batch, P: int, K: int, rl_cfg, sampling_cfg,
+                m: int = 2, n: int = 2):
+  """Gradient of the batch loss as an m x n microbatch grid.
+
+  Returns ``(loss, grad, aux, moments)``: ``grad`` is exactly the batch
+  gradient (mean of the cell gradients q_ab, each the mean per-rollout
+  gradient of its cell), ``aux`` the per-token aux in batch order, and
+  ``moments`` a ``noise.SplitMoments`` whose fields have a leading
+  per-leaf axis (sum over it for the whole model).
+  """
+  counts = objective.counts_of(batch)
+  cells = jax.tree.map(lambda x: _grid(x, P, K, m, n), batch)
+  scale = m * n  # q_ab = (N / |cell|) * grad(sum_{i in cell} L_i) = m*n*grad(...)
+
+  def cell_grad(cell):
+    (loss, aux), g = jax.value_and_grad(_loss_sum, has_aux=True)(
+        params, graphdef, cell, counts, rl_cfg, sampling_cfg)
+    return loss, jax.tree.map(lambda t: scale * t, g), aux
+
+  cell_grad_n = jax.vmap(cell_grad)
+  losses, q, aux = jax.vmap(cell_grad_n)(cells)
+  grad = jax.tree.map(lambda t: jnp.mean(t, axis=(0, 1)), q)
+  # aux back to batch order: [m, n, (P/m)(K/n), T] -> [P*K, T]
+  def ungrid(x):
+    x = x.reshape((m, n, P // m, K // n) + x.shape[3:])
+    return jnp.moveaxis(x, 1, 2).reshape((P * K,) + x.shape[4:])
+  aux = jax.tree.map(ungrid, aux)
+  per_leaf = [noise.split_moments_from_quarters(leaf, P, K)
+              for leaf in jax.tree.leaves(q)]
+  moments = jax.tree.map(lambda *xs: jnp.stack(xs), *per_leaf)
+  return jnp.sum(losses), grad, aux, moments
+
+
+def group_moments(params, graphdef, batch, P: int, K: int, rl_cfg, sampling_cfg,
+                  chunk_prompts: int) -> noise.GroupMoments:
+  """Exact per-rollout moments, streamed over chunks of ``chunk_prompts``.
+
+  Returns a ``noise.GroupMoments`` whose arrays carry a leading per-leaf
+  axis ([L, P] and [L]); sum over it for the whole model.
+  """
+  if P % chunk_prompts:
+    raise ValueError(f"chunk_prompts={chunk_prompts} does not divide P={P}")
+  counts = objective.counts_of(batch)
+  N = P * K
+  C = chunk_prompts
+
+  def one_loss(p, ex):
+    ex1 = jax.tree.map(lambda x: x[None], ex)
+    L_B, _ = objective.rollout_losses(p, graphdef, ex1, counts, rl_cfg, sampling_cfg)
+    return L_B[0]
+
+  per_rollout_grad = jax.vmap(jax.grad(one_loss), in_axes=(None, 0))
+  chunks = jax.tree.map(lambda x: x.reshape((P // C, C * K) + x.shape[1:]), batch)
+
+  def chunk_stats(chunk):
+    g = per_rollout_grad(params, chunk)  # leaves [C*K, ...]
+    sq, gbar_sq, gbar_sum = [], [], []
+    for leaf in jax.tree.leaves(g):
+      x = (N * leaf.astype(jnp.float32)).reshape(C, K, -1)
+      sq.append(jnp.sum(x * x, axis=(1, 2)))          # [C]
+      gb = jnp.mean(x, axis=1)                         # [C, D]
+      gbar_sq.append(jnp.sum(gb * gb, axis=-1))        # [C]
+      gbar_sum.append(jnp.sum(gb, axis=0))             # [D]
+    return jnp.stack(sq), jnp.stack(gbar_sq), gbar_sum
+
+  def body(acc, chunk):
+    sq, gsq, gsum = chunk_stats(chunk)
+    return [a + b for a, b in zip(acc, gsum)], (sq, gsq)
+
+  zeros = [jnp.zeros((int(jnp.size(l)),), jnp.float32) for l in jax.tree.leaves(params)]
+  gsum, (sq, gsq) = jax.lax.scan(body, zeros, chunks)
+  # sq, gsq: [P/C, L, C] -> [L, P]
+  to_LP = lambda a: jnp.moveaxis(a, 1, 0).reshape(a.shape[1], P)
+  batch_sq = jnp.stack([jnp.sum((s / P) ** 2) for s in gsum])
+  return noise.GroupMoments(sum_sqnorm_P=to_LP(sq), mean_sqnorm_P=to_LP(gsq),
+                            batch_mean_sqnorm=batch_sq, K=K)
+
+
+def sum_leaves(moments, leaf_groups=None):
+  """Sum per-leaf moments over all leaves, or per named group.
+
+  ``leaf_groups``: list of group names per leaf; returns a dict group -> moments.
+  """
+  total = lambda sel: jax.tree.map(lambda a: jnp.sum(a[sel], axis=0), moments)
+  if leaf_groups is None:
+    return total(slice(None))
+  out = {}
+  for g in PARAM_GROUPS:
+    idx = jnp.array([i for i, lg in enumerate(leaf_groups) if lg == g], jnp.int32)
+    if idx.size:
+      out[g] = total(idx)
+  return out

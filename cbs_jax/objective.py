@@ -1,0 +1,77 @@
+"""The RL objective of a batch, written as a sum of per-rollout terms.
+
+``rollout_losses`` returns ``L_B`` with batch loss ``L = sum_i L_i``: rollout
+i's policy-loss terms weighted by the aggregation mode (with the update's
+GLOBAL counts), its KL-penalty terms and, for PPO, its value-loss terms.
+Because the counts are inputs, the same function gives
+
+* the training loss (sum over the update's batch),
+* any microbatch's exact share of it (sum over a subset, same counts), and
+* per-rollout gradients ``g_i = N * grad L_i`` (``gradstats.py``), whose mean
+  is exactly the batch gradient.
+
+Advantages, behaviour and reference log-probs, returns and old values are
+inputs, so ``L_i`` depends only on (params, rollout i).
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from cbs_jax import rl
+from cbs_jax import sampling
+
+Array = jax.Array
+
+# Fields of a rollout batch (all leading dim B, rollouts prompt-major).
+BATCH_KEYS = ("prompt", "prompt_mask", "completion", "completion_mask",
+              "logp_old", "adv", "logp_ref", "returns", "old_values")
+
+
+class Counts(NamedTuple):
+  """Global normalisers of one optimizer update (arrays, so no recompiles)."""
+  num_seqs: Array    # rollouts in the update's batch
+  num_tokens: Array  # valid completion tokens in the update's batch
+  max_len: Array     # completion length Tc (Dr. GRPO's constant)
+
+
+def counts_of(batch) -> Counts:
+  m = batch["completion_mask"]
+  return Counts(jnp.asarray(m.shape[0], jnp.float32),
+                jnp.maximum(jnp.sum(m), 1.0).astype(jnp.float32),
+                jnp.asarray(m.shape[1], jnp.float32))
+
+
+def rollout_losses(params, graphdef, batch, counts: Counts, rl_cfg, sampling_cfg):
+  """Per-rollout loss contributions ``L_B`` (sum = batch loss) and per-token aux.
+
+  ``rl_cfg`` is ``config.rl``; ``sampling_cfg`` is ``config.sampling`` (the
+  processing the behaviour log-probs were taken under, so that on-policy
+  ratios are exactly 1).
+  """
+  mask = batch["completion_mask"]
+  sc = sampling.score(graphdef, params, batch["prompt"], batch["prompt_mask"],
+                      batch["completion"], mask, sampling_cfg.temperature,
+                      sampling_cfg.top_k, sampling_cfg.top_p)
+  loss_BxT, aux = rl.policy_loss(rl_cfg.loss, sc.logprobs, batch["logp_old"],
+                                 batch["adv"], mask, rl_cfg)
+  if rl_cfg.kl_beta:
+    loss_BxT = loss_BxT + rl_cfg.kl_beta * mask * rl.kl_penalty(
+        sc.logprobs, batch["logp_ref"], rl_cfg.kl_estimator)
+  w_BxT = rl.aggregation_weights(mask, rl_cfg.aggregation, counts.num_seqs,
+                                 counts.num_tokens, counts.max_len)
+  L_B = jnp.sum(w_BxT * loss_BxT, axis=-1)
+  if sc.values is not None and rl_cfg.algo == "ppo":
+    vl = rl.value_loss(sc.values, batch["returns"], mask, batch["old_values"],
+                       rl_cfg.value_clip or None)
+    L_B = L_B + rl_cfg.vf_coef * jnp.sum(w_BxT * vl, axis=-1)
+  aux = dict(aux, logp=sc.logprobs, entropy=rl.entropy_from_logits(sc.logits) * mask)
+  return L_B, aux
+
+
+def batch_loss(params, graphdef, batch, counts: Counts, rl_cfg, sampling_cfg):
+  """Scalar loss (sum of ``rollout_losses``) and aux, for ``jax.grad``."""
+  L_B, aux = rollout_losses(params, graphdef, batch, counts, rl_cfg, sampling_cfg)
+  return jnp.sum(L_B), aux

@@ -1,0 +1,97 @@
+"""Supervised warm start: the base policy RL starts from.
+
+Next-token training on correct solutions in exactly the rollout layout
+(left-padded prompt, completion = solution + EOS), so the base policy is the
+conditional distribution the sampler draws from. Adam with linear warmup and
+cosine decay; the held-out pass@1 is measured with sampled (not greedy)
+decoding, the number RL will then move.
+"""
+from __future__ import annotations
+
+import functools
+import os
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import tqdm
+
+from cbs_jax import checkpoint as ckpt_lib
+from cbs_jax import metrics as metrics_lib
+from cbs_jax import model as model_lib
+from cbs_jax import rollouts
+from cbs_jax import sampling
+
+
+def sft_loss(params, graphdef, batch):
+  sc = sampling.score(graphdef, params, batch["prompt"], batch["prompt_mask"],
+                      batch["completion"], batch["completion_mask"])
+  m = batch["completion_mask"]
+  return -jnp.sum(sc.logprobs) / jnp.maximum(jnp.sum(m), 1.0)
+
+
+def make_batch(task, tok, problems, layout):
+  prompt, pmask = rollouts.encode_prompts(tok, problems, layout)
+  comp, cmask = rollouts.encode_solutions(tok, problems, layout)
+  return dict(prompt=prompt, prompt_mask=pmask, completion=comp, completion_mask=cmask)
+
+
+def train_sft(config, workdir: str, task, tok, layout, eval_problems):
+  """Train (or resume, or load when finished) the SFT base in ``workdir``.
+
+  Returns ``(graphdef, params, summary)``.
+  """
+  c = config.sft
+  graphdef, params = model_lib.build(config.model, seed=config.seed)
+  ckpt = ckpt_lib.Checkpointer(os.path.join(workdir, "checkpoints"))
+  model_meta = config.model.to_dict()
+  tx = optax.chain(
+      optax.clip_by_global_norm(1.0),
+      optax.adam(optax.warmup_cosine_decay_schedule(
+          0.0, c.lr, c.warmup_steps, max(c.steps, c.warmup_steps + 1), c.lr * 0.1)))
+  opt_state = tx.init(params)
+  start = 0
+  if ckpt.latest_step() is not None:
+    ckpt.check_model(model_meta)
+    (params, opt_state), meta = ckpt.restore(ckpt.latest_step(), (params, opt_state))
+    start = meta["step"]
+    if start >= c.steps:
+      return graphdef, params, meta.get("summary", {})
+
+  @functools.partial(jax.jit, donate_argnums=(0, 1))
+  def step(params, opt_state, batch):
+    loss, g = jax.value_and_grad(sft_loss)(params, graphdef, batch)
+    upd, opt_state = tx.update(g, opt_state, params)
+    return optax.apply_updates(params, upd), opt_state, loss
+
+  writer = metrics_lib.MetricsWriter(workdir, resume_round=start, key="step")
+  eval_key = jax.random.key(config.train.eval_seed)
+  evaluate = lambda p: rollouts.pass_rate(graphdef, p, task, tok, eval_problems,
+                                          eval_key, layout, config.train.eval_temperature)
+  t0 = time.time()
+  bar = tqdm.trange(start, c.steps, desc="sft", disable=not config.train.progress,
+                    initial=start, total=c.steps)
+  loss = None
+  for s in bar:
+    rng = np.random.default_rng([config.seed, 7, s])
+    batch = make_batch(task, tok, task.sample(rng, c.batch_size), layout)
+    params, opt_state, loss = step(params, opt_state, batch)
+    last = s + 1 == c.steps
+    row = {"step": s + 1}
+    if (c.eval_every and (s + 1) % c.eval_every == 0) or last:
+      row["loss"] = float(loss)
+      ev = evaluate(params)
+      row["eval_pass_rate"] = ev["pass_rate"]
+      row.update({f"eval_pass_rate_d{d}": v for d, v in ev["by_difficulty"].items()})
+      bar.set_postfix(loss=f"{row['loss']:.3f}", pass_rate=f"{ev['pass_rate']:.3f}")
+      summary = {"sft_steps": s + 1, "sft_loss": row["loss"],
+                 "base_pass_rate": ev["pass_rate"],
+                 "sft_seconds": time.time() - t0}
+      writer.write(row)
+      ckpt.save(s + 1, (params, opt_state),
+                {"step": s + 1, "model": model_meta, "summary": summary})
+  writer.close()
+  ckpt.close()
+  return graphdef, params, summary
