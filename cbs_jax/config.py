@@ -42,6 +42,7 @@ def base_config() -> ConfigDict:
   c.sft.batch_size = 64      # problems per SFT step
   c.sft.lr = 3e-3            # Adam peak learning rate (cosine decay to 10%)
   c.sft.warmup_steps = 20    # linear warmup steps
+  c.sft.label_noise = 0.0   # fraction of SFT targets with one character replaced at random
   c.sft.eval_every = 100     # steps between held-out pass-rate evaluations (0 = end only)
   c.sft.base_dir = "sft_base"  # RL: SFT base checkpoint dir, relative to the workdir
                                # (absolute paths allowed); built here if missing
@@ -150,10 +151,12 @@ def validate(c: ConfigDict) -> None:
       raise ValueError(f"config.{field} must be > 0, got {v!r}")
   if not 0.0 < c.sampling.top_p <= 1.0:
     raise ValueError(f"config.sampling.top_p must be in (0, 1], got {c.sampling.top_p!r}")
-  for field in ("optim.b1", "optim.b2", "noise.ema_decay", "rl.gamma", "rl.lam"):
+  for field in ("optim.b1", "optim.b2", "rl.gamma", "rl.lam", "sft.label_noise"):
     v = _get(c, field)
     if not 0.0 <= v <= 1.0:
       raise ValueError(f"config.{field} must be in [0, 1], got {v!r}")
+  if not 0.0 <= c.noise.ema_decay < 1.0:
+    raise ValueError(f"config.noise.ema_decay must be in [0, 1), got {c.noise.ema_decay!r}")
   if c.rl.clip_eps_low >= 1.0:
     raise ValueError(f"config.rl.clip_eps_low must be < 1 (ratio floor 1-eps > 0), "
                      f"got {c.rl.clip_eps_low!r}")

@@ -26,8 +26,12 @@ from cbs_jax import sampling
 Array = jax.Array
 
 # Fields of a rollout batch (all leading dim B, rollouts prompt-major).
+# ``on_policy`` (bool [B]) marks rollouts whose behaviour policy IS the current
+# parameters: their old log-probs are taken from this very forward pass
+# (stop-gradient), so their ratios are exactly 1 rather than 1 +- float noise
+# between the sampler's and the trainer's kernels.
 BATCH_KEYS = ("prompt", "prompt_mask", "completion", "completion_mask",
-              "logp_old", "adv", "logp_ref", "returns", "old_values")
+              "logp_old", "adv", "logp_ref", "returns", "old_values", "on_policy")
 
 
 class Counts(NamedTuple):
@@ -55,7 +59,9 @@ def rollout_losses(params, graphdef, batch, counts: Counts, rl_cfg, sampling_cfg
   sc = sampling.score(graphdef, params, batch["prompt"], batch["prompt_mask"],
                       batch["completion"], mask, sampling_cfg.temperature,
                       sampling_cfg.top_k, sampling_cfg.top_p)
-  loss_BxT, aux = rl.policy_loss(rl_cfg.loss, sc.logprobs, batch["logp_old"],
+  logp_old = jnp.where(batch["on_policy"][:, None],
+                       jax.lax.stop_gradient(sc.logprobs), batch["logp_old"])
+  loss_BxT, aux = rl.policy_loss(rl_cfg.loss, sc.logprobs, logp_old,
                                  batch["adv"], mask, rl_cfg)
   if rl_cfg.kl_beta:
     loss_BxT = loss_BxT + rl_cfg.kl_beta * mask * rl.kl_penalty(
@@ -67,7 +73,7 @@ def rollout_losses(params, graphdef, batch, counts: Counts, rl_cfg, sampling_cfg
     vl = rl.value_loss(sc.values, batch["returns"], mask, batch["old_values"],
                        rl_cfg.value_clip or None)
     L_B = L_B + rl_cfg.vf_coef * jnp.sum(w_BxT * vl, axis=-1)
-  aux = dict(aux, logp=sc.logprobs, entropy=rl.entropy_from_logits(sc.logits) * mask)
+  aux = dict(aux, logp=sc.logprobs, logp_old=logp_old, entropy=rl.entropy_from_logits(sc.logits) * mask)
   return L_B, aux
 
 

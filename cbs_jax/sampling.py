@@ -111,6 +111,14 @@ def generate(graphdef, params, prompt_BxTp, prompt_mask_BxTp, key, *,
   check_sampling_args(max_new_tokens, temperature, top_k, top_p)
   cfg = model_lib.config_of(graphdef, params)
   _check_tokens("prompt_BxTp", prompt_BxTp, cfg["vocab_size"])
+  for name, v in (("eos_id", eos_id), ("pad_id", pad_id)):
+    if not 0 <= int(v) < cfg["vocab_size"]:
+      raise ValueError(f"{name}={v} outside the vocabulary [0, {cfg['vocab_size']})")
+  if not isinstance(prompt_mask_BxTp, jax.core.Tracer):
+    pm = np.asarray(prompt_mask_BxTp)
+    if pm.size and not pm[:, -1].all():
+      raise ValueError("prompt_mask_BxTp: prompts must be left-padded with at least one "
+                       "real token (its last column all True)")
   B, Tp = prompt_BxTp.shape
   if Tp + max_new_tokens > cfg["max_len"]:
     raise ValueError(f"prompt length {Tp} + max_new_tokens {max_new_tokens} "
@@ -188,7 +196,7 @@ def score(graphdef, params, prompt_BxTp, prompt_mask_BxTp, completion_BxTc,
   logits = jax.lax.dynamic_slice_in_dim(out.logits, Tp - 1, Tc, axis=1)
   logp_all = process_logits(logits, temperature, top_k, top_p)
   logp = jnp.take_along_axis(logp_all, completion_BxTc[..., None], -1)[..., 0]
-  logp = logp * completion_mask_BxTc
+  logp = jnp.where(completion_mask_BxTc.astype(bool), logp, 0.0)
   values = None
   if out.values is not None:
     values = jax.lax.dynamic_slice_in_dim(out.values, Tp - 1, Tc, axis=1)

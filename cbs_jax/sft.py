@@ -8,6 +8,7 @@ decoding, the number RL will then move.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 import time
@@ -30,6 +31,23 @@ def sft_loss(params, graphdef, batch):
                       batch["completion"], batch["completion_mask"])
   m = batch["completion_mask"]
   return -jnp.sum(sc.logprobs) / jnp.maximum(jnp.sum(m), 1.0)
+
+
+def corrupt(problems, task, rng, rate: float):
+  """Replace one character of a fraction ``rate`` of solutions by a random
+  character of the task's alphabet: label noise, so that the base policy is
+  right on average yet puts real mass on wrong answers, as a pretrained model
+  does before RL (``config.sft.label_noise``)."""
+  if rate <= 0:
+    return problems
+  out = []
+  for p in problems:
+    if p.solution and rng.random() < rate:
+      i = int(rng.integers(len(p.solution)))
+      ch = task.alphabet[int(rng.integers(len(task.alphabet)))]
+      p = dataclasses.replace(p, solution=p.solution[:i] + ch + p.solution[i + 1:])
+    out.append(p)
+  return out
 
 
 def make_batch(task, tok, problems, layout):
@@ -76,7 +94,8 @@ def train_sft(config, workdir: str, task, tok, layout, eval_problems):
   loss = None
   for s in bar:
     rng = np.random.default_rng([config.seed, 7, s])
-    batch = make_batch(task, tok, task.sample(rng, c.batch_size), layout)
+    problems = corrupt(task.sample(rng, c.batch_size), task, rng, c.label_noise)
+    batch = make_batch(task, tok, problems, layout)
     params, opt_state, loss = step(params, opt_state, batch)
     last = s + 1 == c.steps
     row = {"step": s + 1}

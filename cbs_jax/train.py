@@ -152,18 +152,10 @@ class Trainer:
         gradstats.group_moments, graphdef=graphdef, P=self.P_mb, K=self.K,
         rl_cfg=c.rl, sampling_cfg=c.sampling, chunk_prompts=c.noise.chunk_prompts))
 
-  def _update(self, state, mb, lr, on_policy, *, split):
+  def _update(self, state, mb, lr, *, split):
     c, graphdef = self.config, self.graphdef
     params, opt_state = state["params"], state["opt_state"]
-    # Exactly on-policy: the old log-probs are the trainer's own (ratio == 1).
-    logp_now = sampling.score(graphdef, params, mb["prompt"], mb["prompt_mask"],
-                              mb["completion"], mb["completion_mask"],
-                              c.sampling.temperature, c.sampling.top_k,
-                              c.sampling.top_p).logprobs
-    logp_now = jax.lax.stop_gradient(logp_now)
-    logp_old = jnp.where(on_policy, logp_now, mb["logp_old"])
-    sampler_gap = jnp.max(jnp.abs(logp_now - mb["logp_old"]) * mb["completion_mask"])
-    mb = dict(mb, logp_old=logp_old)
+    on_policy = mb["on_policy"][0]
     moments = None
     if split:
       loss, grads, aux, moments = gradstats.split_grads(
@@ -181,9 +173,13 @@ class Trainer:
     state = dict(params=keep(new_params, params), opt_state=keep(new_opt, opt_state))
     mask = mb["completion_mask"]
     ntok = jnp.maximum(mask.sum(), 1.0)
+    # sampler vs trainer log-probs of the same tokens at the same parameters
+    # (meaningful on on-policy updates only): a health check of the layout.
+    gap = jnp.max(jnp.abs(aux["logp"] - mb["logp_old"]) * mask)
     m = dict(loss=loss, grad_norm=gnorm, finite=finite,
-             entropy=jnp.sum(aux["entropy"]) / ntok, sampler_logp_gap=sampler_gap)
-    m.update(drift.drift_stats(logp_old, aux["logp"], mask, c.rl.clip_eps_low,
+             entropy=jnp.sum(aux["entropy"]) / ntok,
+             sampler_logp_gap=jnp.where(on_policy, gap, jnp.nan))
+    m.update(drift.drift_stats(aux["logp_old"], aux["logp"], mask, c.rl.clip_eps_low,
                                c.rl.clip_eps_high, mb["adv"]))
     return state, m, moments
 
@@ -282,7 +278,7 @@ def _train_rl(config, workdir, setup):
         prompts_idx = perm[mbi * trainer.P_mb:(mbi + 1) * trainer.P_mb]
         idx = (prompts_idx[:, None] * K + np.arange(K)[None]).reshape(-1)
         mb = _take(b, jnp.asarray(idx))
-        on_policy = history_len == 0 and j == 0
+        mb["on_policy"] = jnp.full((len(idx),), history_len == 0 and j == 0)
         do_split = bool(c.noise.split_every) and j == 0 and rnd % c.noise.split_every == 0
         if c.noise.exact_every and j == 0 and rnd % c.noise.exact_every == 0:
           mom = trainer.exact_moments(state["params"], batch=mb)
@@ -300,8 +296,7 @@ def _train_rl(config, workdir, setup):
         lr = lr_base * batch_lib.warmup(meta["step"], c.optim.warmup_steps)
         update = trainer.update_split if do_split else trainer.update_plain
         new_state, m, moments = update(
-            dict(params=state["params"], opt_state=state["opt_state"]), mb, lr,
-            jnp.asarray(on_policy))
+            dict(params=state["params"], opt_state=state["opt_state"]), mb, lr)
         state.update(new_state)
         m = jax.device_get(m)
         m["lr"] = lr

@@ -227,17 +227,18 @@ def test_greedy_equals_naive_full_recompute(tiny):
     np.testing.assert_array_equal(out.tokens[i, :n], greedy[i, :n])
 
 
-def test_generation_independent_of_padding(tiny):
-  """The same prompt left-padded more (same key, batch of one) samples the same."""
+def test_generation_independent_of_padding(tiny, eos):
+  """The same prompts left-padded more (same key, so the same sampling noise per
+  row) sample the same tokens with the same log-probs and masks."""
   gd, params = tiny
-  prompt = random_prompts([4], seed=9)
+  prompts = random_prompts(MIXED, seed=9)
   res = []
-  for Tp in (4, 11):
-    t, m = sampling.left_pad(prompt, Tp, PAD)
-    res.append(gen(gd, params, t, m, key=5, max_new_tokens=8, eos_id=3))
-  for r in res[1:]:
-    np.testing.assert_array_equal(r.tokens, res[0].tokens)
-    np.testing.assert_allclose(r.logprobs, res[0].logprobs, atol=1e-5)
+  for Tp in (max(MIXED), max(MIXED) + 4):  # up to max_len 24 with 12 new tokens
+    t, m = sampling.left_pad(prompts, Tp, PAD)
+    res.append(gen(gd, params, t, m, key=5, max_new_tokens=N_NEW, eos_id=eos))
+  np.testing.assert_array_equal(res[1].tokens, res[0].tokens)
+  np.testing.assert_array_equal(res[1].mask, res[0].mask)
+  np.testing.assert_allclose(res[1].logprobs, res[0].logprobs, atol=1e-5)
 
 
 # ---------------------------------------------------------------------------
@@ -273,11 +274,11 @@ def test_mask_and_lengths(tiny, eos, pad_id):
 def test_early_exit_all_stop_at_once(tiny):
   gd, params = tiny
   prompt = random_prompts([5], seed=4)
-  t, m = sampling.left_pad(prompt * 4, 6, PAD)
+  t, m = sampling.left_pad(prompt * len(MIXED), max(MIXED), PAD)
   lg = _fwd(gd, params, jnp.asarray(t), sampling.positions_from_mask(jnp.asarray(m)),
             jnp.asarray(m)).logits
   eos = int(np.argmax(np.asarray(lg[0, -1])))  # the greedy first token
-  n_new = 10
+  n_new = N_NEW
   out = gen(gd, params, t, m, max_new_tokens=n_new, eos_id=eos, top_k=1)
   _check_well_formed(out, eos, PAD, n_new)
   np.testing.assert_array_equal(out.tokens[:, 0], eos)
@@ -400,3 +401,39 @@ def test_positions_from_mask():
   m = jnp.array([[0, 0, 1, 1, 1], [1, 1, 1, 1, 1], [0, 0, 0, 0, 1]], bool)
   np.testing.assert_array_equal(np.asarray(sampling.positions_from_mask(m))[np.asarray(m)],
                                 [0, 1, 2, 0, 1, 2, 3, 4, 0])
+
+
+# ---------------------------------------------------------------------------
+# Special ids, masked positions and empty prompts
+# ---------------------------------------------------------------------------
+
+def test_special_ids_validated_and_score_finite(tiny):
+  gd, params = tiny
+  t, m = sampling.left_pad([[3, 4]], 2, PAD)
+  key = jax.random.key(0)
+  with pytest.raises(ValueError, match="pad_id"):
+    sampling.generate(gd, params, t, m, key, max_new_tokens=1, eos_id=3, pad_id=VOCAB)
+  with pytest.raises(ValueError, match="eos_id"):
+    sampling.generate(gd, params, t, m, key, max_new_tokens=1, eos_id=-1, pad_id=PAD)
+
+
+def test_score_masked_positions_are_zero_whatever_the_token(tiny):
+  gd, params = tiny
+  t, m = sampling.left_pad([[3, 4, 5]], 3, PAD)
+  comp = np.array([[2, VOCAB, VOCAB]], np.int32)
+  cmask = np.array([[1.0, 0.0, 0.0]], np.float32)
+  sc = _score(gd, params, jnp.asarray(t), jnp.asarray(m), jnp.asarray(comp),
+              jnp.asarray(cmask))
+  np.testing.assert_array_equal(np.asarray(sc.logprobs)[0, 1:], 0.0)
+
+
+def test_empty_prompt_rejected_or_consistent(tiny):
+  gd, params = tiny
+  t, m = sampling.left_pad([[3, 4, 5], []], 3, PAD)
+  try:
+    out = gen(gd, params, t, m, max_new_tokens=2, eos_id=1)
+  except ValueError:
+    return  # rejecting an empty prompt is a fine answer
+  sc = _score(gd, params, jnp.asarray(t), jnp.asarray(m), jnp.asarray(out.tokens),
+              jnp.asarray(out.mask))
+  assert np.abs(np.asarray(sc.logprobs) - out.logprobs).max() <= 1e-4

@@ -1,0 +1,153 @@
+"""The RL objective on a tiny transformer: finite differences, microbatch
+invariance, and the per-rollout / split gradient statistics against a plain
+Python loop of jax.grad."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from cbs_jax import config as config_lib
+from cbs_jax import gradstats
+from cbs_jax import model as model_lib
+from cbs_jax import noise
+from cbs_jax import objective
+from cbs_jax import sampling
+
+P, K, TP, TC, V = 4, 4, 4, 5, 12
+MODES = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm")
+
+
+def tiny_model(seed=0):
+  c = model_lib.default_config()
+  c.vocab_size, c.d_model, c.num_layers, c.num_heads = V, 16, 1, 2
+  c.num_kv_heads, c.d_ff, c.max_len = 1, 32, 16
+  return model_lib.build(c, seed)
+
+
+def make_batch(graphdef, params, seed=0):
+  rng = np.random.default_rng(seed)
+  B = P * K
+  plen = rng.integers(1, TP + 1, size=B)
+  prompt_mask = np.arange(TP)[None] >= (TP - plen)[:, None]
+  prompt = np.where(prompt_mask, rng.integers(3, V, size=(B, TP)), 0)
+  clen = rng.integers(1, TC + 1, size=B)
+  cmask = (np.arange(TC)[None] < clen[:, None]).astype(np.float32)
+  completion = np.where(cmask > 0, rng.integers(3, V, size=(B, TC)), 0)
+  sc = sampling.score(graphdef, params, jnp.asarray(prompt), jnp.asarray(prompt_mask),
+                      jnp.asarray(completion), jnp.asarray(cmask))
+  # behaviour log-probs near the current ones: ratios in (0.95, 1.05), no clipping
+  logp_old = (sc.logprobs + rng.uniform(-0.05, 0.05, size=(B, TC))) * cmask
+  adv = np.repeat(rng.normal(size=B), TC).reshape(B, TC) * cmask
+  logp_ref = (sc.logprobs + rng.uniform(-0.3, 0.3, size=(B, TC))) * cmask
+  return dict(prompt=jnp.asarray(prompt, jnp.int32), prompt_mask=jnp.asarray(prompt_mask),
+              completion=jnp.asarray(completion, jnp.int32), completion_mask=jnp.asarray(cmask),
+              logp_old=jnp.asarray(logp_old, jnp.float32), adv=jnp.asarray(adv, jnp.float32),
+              logp_ref=jnp.asarray(logp_ref, jnp.float32),
+              returns=jnp.zeros((B, TC)), old_values=jnp.zeros((B, TC)),
+              on_policy=jnp.zeros((B,), bool))
+
+
+def cfgs(mode="token_mean", kl_beta=0.1, loss="ppo"):
+  c = config_lib.base_config()
+  c.rl.aggregation, c.rl.kl_beta, c.rl.loss = mode, kl_beta, loss
+  return c.rl, c.sampling
+
+
+def test_grpo_loss_gradient_matches_central_finite_differences():
+  graphdef, params = tiny_model()
+  batch = make_batch(graphdef, params)
+  rl_cfg, s_cfg = cfgs("seq_mean_token_mean", kl_beta=0.1)
+  counts = objective.counts_of(batch)
+  f = lambda p: objective.batch_loss(p, graphdef, batch, counts, rl_cfg, s_cfg)[0]
+  grad = jax.grad(f)(params)
+  rng = np.random.default_rng(1)
+  for trial in range(3):
+    v = jax.tree.map(lambda x: rng.normal(size=x.shape), params)
+    norm = np.sqrt(sum(np.sum(x * x) for x in jax.tree.leaves(v)))
+    v = jax.tree.map(lambda x: jnp.asarray(x / norm, jnp.float32), v)  # unit direction
+    eps = 1e-2
+    plus = jax.tree.map(lambda x, d: x + eps * d, params, v)
+    minus = jax.tree.map(lambda x, d: x - eps * d, params, v)
+    fd = (float(f(plus)) - float(f(minus))) / (2 * eps)
+    an = sum(float(jnp.vdot(g, d)) for g, d in zip(jax.tree.leaves(grad), jax.tree.leaves(v)))
+    assert fd == pytest.approx(an, rel=1e-2, abs=2e-5), (trial, fd, an)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_loss_and_gradient_identical_under_microbatching(mode):
+  graphdef, params = tiny_model()
+  batch = make_batch(graphdef, params)
+  rl_cfg, s_cfg = cfgs(mode)
+  counts = objective.counts_of(batch)
+  vg = jax.value_and_grad(objective.batch_loss, has_aux=True)
+  (loss, _), grad = vg(params, graphdef, batch, counts, rl_cfg, s_cfg)
+  for n_micro in (2, 4):
+    size = P * K // n_micro
+    tot_loss, tot_grad = 0.0, jax.tree.map(jnp.zeros_like, grad)
+    for i in range(n_micro):
+      mb = {k: v[i * size:(i + 1) * size] for k, v in batch.items()}
+      (l, _), g = vg(params, graphdef, mb, counts, rl_cfg, s_cfg)
+      tot_loss += l
+      tot_grad = jax.tree.map(jnp.add, tot_grad, g)
+    assert float(tot_loss) == pytest.approx(float(loss), abs=1e-6)
+    for a, b in zip(jax.tree.leaves(tot_grad), jax.tree.leaves(grad)):
+      np.testing.assert_allclose(a, b, atol=1e-6)
+
+
+def naive_per_rollout_grads(graphdef, params, batch, rl_cfg, s_cfg):
+  """g_i = N * grad L_i by a Python loop over rollouts: [P, K, D] numpy."""
+  counts = objective.counts_of(batch)
+  N = P * K
+  out = []
+  for i in range(N):
+    f = lambda p: objective.rollout_losses(p, graphdef, batch, counts, rl_cfg, s_cfg)[0][i]
+    g = jax.grad(f)(params)
+    out.append(np.concatenate([N * np.ravel(x) for x in jax.tree.leaves(g)]))
+  return np.stack(out).reshape(P, K, -1)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_per_rollout_and_split_statistics_match_a_python_loop(mode):
+  graphdef, params = tiny_model()
+  batch = make_batch(graphdef, params, seed=2)
+  rl_cfg, s_cfg = cfgs(mode)
+  g = naive_per_rollout_grads(graphdef, params, batch, rl_cfg, s_cfg)
+  counts = objective.counts_of(batch)
+  (_, _), grad = jax.value_and_grad(objective.batch_loss, has_aux=True)(
+      params, graphdef, batch, counts, rl_cfg, s_cfg)
+  flat_grad = np.concatenate([np.ravel(x) for x in jax.tree.leaves(grad)])
+  # mean of g_i is exactly the batch gradient
+  np.testing.assert_allclose(g.mean(axis=(0, 1)), flat_grad, atol=2e-6)
+  ref = noise.moments_from_grads(jnp.asarray(g, jnp.float32))
+  # chunked (1 prompt per chunk) and unchunked (all prompts) streaming paths
+  for chunk in (1, 2, P):
+    m = gradstats.sum_leaves(gradstats.group_moments(
+        params, graphdef, batch, P, K, rl_cfg, s_cfg, chunk_prompts=chunk))
+    np.testing.assert_allclose(m.sum_sqnorm_P, ref.sum_sqnorm_P, rtol=1e-4)
+    np.testing.assert_allclose(m.mean_sqnorm_P, ref.mean_sqnorm_P, rtol=1e-4)
+    np.testing.assert_allclose(m.batch_mean_sqnorm, ref.batch_mean_sqnorm, rtol=1e-4)
+  # split path: its gradient is the batch gradient, its moments those of the
+  # four quarter means of the naive per-rollout gradients
+  _, sgrad, _, smom = gradstats.split_grads(params, graphdef, batch, P, K, rl_cfg, s_cfg)
+  np.testing.assert_allclose(
+      np.concatenate([np.ravel(x) for x in jax.tree.leaves(sgrad)]), flat_grad, atol=2e-6)
+  q = np.stack([np.stack([g[a * P // 2:(a + 1) * P // 2, b * K // 2:(b + 1) * K // 2]
+                          .mean(axis=(0, 1)) for b in range(2)]) for a in range(2)])
+  want = noise.split_moments_from_quarters(jnp.asarray(q), P, K)
+  got = gradstats.sum_leaves(smom)
+  for f in ("d_intra", "d_inter", "cross"):
+    np.testing.assert_allclose(getattr(got, f), getattr(want, f), rtol=1e-4, atol=1e-7)
+
+
+def test_chunk_size_not_dividing_prompts_is_an_error():
+  graphdef, params = tiny_model()
+  batch = make_batch(graphdef, params)
+  rl_cfg, s_cfg = cfgs()
+  with pytest.raises(ValueError, match="chunk_prompts=3"):
+    gradstats.group_moments(params, graphdef, batch, P, K, rl_cfg, s_cfg, chunk_prompts=3)
+
+
+def test_param_groups_cover_every_leaf():
+  _, params = tiny_model()
+  groups = [gradstats.param_group(p) for p in gradstats.leaf_paths(params)]
+  assert set(groups) == set(gradstats.PARAM_GROUPS)
