@@ -12,6 +12,7 @@ from __future__ import annotations
 import ml_collections
 
 from cbs_jax import model as model_lib
+from cbs_jax import tasks
 
 ConfigDict = ml_collections.ConfigDict
 
@@ -102,7 +103,6 @@ def base_config() -> ConfigDict:
 
 _CHOICES = {
     "mode": ("rl", "sft"),
-    "task.name": ("arithmetic", "countdown", "gsm8k"),
     "rl.algo": ("grpo", "ppo"),
     "rl.advantage": ("grpo", "drgrpo", "rloo", "batch_std"),
     "rl.loss": ("ppo", "cispo", "pg", "gspo"),
@@ -131,6 +131,8 @@ def _get(c, dotted):
 
 def validate(c: ConfigDict) -> None:
   """Raise ValueError naming the first bad field; returns None when all is well."""
+  if c.task.name not in tasks.TASKS:
+    raise ValueError(f"config.task.name={c.task.name!r} is not one of {sorted(tasks.TASKS)}")
   for field, choices in _CHOICES.items():
     v = _get(c, field)
     if v not in choices:

@@ -164,7 +164,7 @@ class Trainer:
       counts = objective.counts_of(mb)
       (loss, aux), grads = jax.value_and_grad(objective.batch_loss, has_aux=True)(
           params, graphdef, mb, counts, c.rl, c.sampling)
-    gnorm = optax.global_norm(grads)
+    gnorm = optax.tree.norm(grads)
     finite = jnp.isfinite(loss) & jnp.isfinite(gnorm)
     opt_state.hyperparams["learning_rate"] = jnp.asarray(lr, jnp.float32)
     updates, new_opt = self.tx.update(grads, opt_state, params)

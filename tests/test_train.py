@@ -1,0 +1,152 @@
+"""The trainer end to end: main.py, resume, learning, drift, bad input."""
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from cbs_jax import config as config_lib
+from cbs_jax import metrics as metrics_lib
+from cbs_jax import tasks
+from cbs_jax import train
+from cbs_jax.tasks import arithmetic
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def run_main(workdir, *overrides, config="configs/default.py:smoke"):
+  cmd = [sys.executable, "-m", "cbs_jax.main", f"--config={config}",
+         f"--workdir={workdir}", *overrides]
+  return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+
+
+def listing(d):
+  out = {}
+  for base, _, files in os.walk(d):
+    for f in files:
+      p = os.path.join(base, f)
+      out[os.path.relpath(p, d)] = os.path.getsize(p)
+  return out
+
+
+@pytest.fixture(scope="module")
+def smoke_run(tmp_path_factory):
+  wd = str(tmp_path_factory.mktemp("smoke"))
+  r = run_main(wd)
+  assert r.returncode == 0, r.stderr[-3000:]
+  return wd, r
+
+
+def test_main_writes_metrics_checkpoint_and_resumes(smoke_run):
+  wd, r = smoke_run
+  rows = metrics_lib.read_jsonl(os.path.join(wd, "metrics.jsonl"))
+  assert [row["round"] for row in rows] == [0, 1, 2, 3, 4]
+  for key in ("reward_mean", "loss", "entropy", "lr", "batch_size", "gen_seconds",
+              "update_seconds", "tokens_per_s", "rollouts_seen", "kappa_k3",
+              "noise_split/g2", "noise_ema/trace_intra"):
+    assert key in rows[1], key
+  assert "eval_pass_rate" in rows[0] and "eval_pass_rate" in rows[2]
+  assert sorted(os.listdir(os.path.join(wd, "checkpoints")), key=int)[-1] == "4"
+  assert os.listdir(os.path.join(wd, "tb"))
+  summary = json.load(open(os.path.join(wd, "summary.json")))
+  assert summary["rounds"] == 4 and summary["rollouts_seen"] == 4 * 16
+  # second call with more rounds resumes at round 4: no row duplicated or lost
+  r2 = run_main(wd, "--config.train.num_rounds=6")
+  assert r2.returncode == 0, r2.stderr[-3000:]
+  rows2 = metrics_lib.read_jsonl(os.path.join(wd, "metrics.jsonl"))
+  assert [row["round"] for row in rows2] == [0, 1, 2, 3, 4, 5, 6]
+  assert rows2[:5] == rows
+  assert json.load(open(os.path.join(wd, "summary.json")))["rollouts_seen"] == 6 * 16
+
+
+def test_on_policy_update_has_unit_ratios_zero_kappa_no_clipping(smoke_run):
+  wd, _ = smoke_run
+  for row in metrics_lib.read_jsonl(os.path.join(wd, "metrics.jsonl"))[1:5]:
+    assert row["num_updates"] == 1
+    assert row["ratio_min"] == 1.0 and row["ratio_max"] == 1.0
+    assert row["kappa_k1"] == 0.0 and row["kappa_k3"] == 0.0
+    assert row["clip_frac_low"] == 0.0 and row["clip_frac_high"] == 0.0
+
+
+def test_checkpoint_of_another_model_shape_is_refused_and_kept(smoke_run):
+  wd, _ = smoke_run
+  before = listing(os.path.join(wd, "checkpoints"))
+  r = run_main(wd, "--config.model.d_model=32")
+  assert r.returncode != 0
+  assert "model.d_model" in r.stderr and "different model" in r.stderr
+  assert listing(os.path.join(wd, "checkpoints")) == before
+
+
+class FirstDigitOne(arithmetic.ArithmeticTask):
+  """Reward 1 iff the completion starts with '1': learnable in a few updates."""
+
+  def verify(self, problem, completion):
+    return float(completion.startswith("1"))
+
+
+@pytest.fixture
+def easy_task(monkeypatch):
+  monkeypatch.setitem(tasks.TASKS, "first_digit_one", FirstDigitOne)
+
+
+def tiny_config(**over):
+  c = config_lib.base_config()
+  c.task.name = "first_digit_one"
+  c.model.d_model, c.model.d_ff = 32, 64
+  c.sft.steps, c.sft.batch_size, c.sft.eval_every = 10, 16, 0
+  c.batch.num_prompts, c.batch.rollouts_per_prompt = 8, 8
+  c.optim.lr, c.optim.ref_batch = 1e-3, 64
+  c.train.num_rounds, c.train.eval_every, c.train.eval_prompts = 12, 12, 128
+  c.train.progress = False
+  for k, v in over.items():
+    section, field = k.split("__")
+    c[section][field] = v
+  return c
+
+
+def test_tiny_run_on_an_easy_task_raises_reward(easy_task, tmp_path):
+  s = train.train_and_evaluate(tiny_config(), str(tmp_path))
+  assert s["final_pass_rate"] >= s["base_pass_rate"] + 0.3, s
+
+
+def test_reuse_makes_kappa_positive_and_growing(easy_task, tmp_path):
+  c = tiny_config(batch__num_minibatches=2, batch__num_epochs=2, train__num_rounds=6,
+                  optim__lr=3e-3)
+  train.train_and_evaluate(c, str(tmp_path))
+  rows = metrics_lib.read_jsonl(os.path.join(tmp_path, "metrics.jsonl"))[1:]
+  kappa = np.array([r["kappa_k3_by_update"] for r in rows])  # rounds x 4 updates
+  assert kappa.shape == (6, 4)
+  assert np.all(kappa[:, 0] == 0.0)  # the first update of each round is on-policy
+  assert np.all(kappa[:, 1:] > 0.0)
+  mean = kappa.mean(axis=0)
+  assert mean[3] > mean[1], mean  # later updates drift further
+
+
+BAD_CONFIGS = [
+    ("--config.rl.clip_eps=10.0", "clip_eps"),                 # unknown field
+    ("--config.batch.num_prompts=abc", "num_prompts"),         # wrong type
+    ("--config.optim.lr=-0.1", "optim.lr"),                    # negative learning rate
+    ("--config.batch.rollouts_per_prompt=1", "rollouts_per_prompt"),  # K < 2 for grpo
+    ("--config.batch.num_minibatches=3", "num_minibatches"),   # P*K not divisible
+    ("--config.rl.clip_eps_high=0", "clip_eps_high"),          # clip_eps <= 0
+    ("--config.model.num_heads=3", "num_heads"),               # heads not dividing width
+    ("--config.rl.loss=ppo2", "rl.loss"),                      # unknown choice
+]
+
+
+@pytest.mark.parametrize("flag,field", BAD_CONFIGS)
+def test_bad_config_is_an_error_naming_the_field(flag, field, tmp_path):
+  r = run_main(str(tmp_path / "w"), flag)
+  assert r.returncode != 0
+  assert field in r.stderr, r.stderr[-2000:]
+  # nothing was written: validation happens before anything compiles or saves
+  assert not os.path.exists(tmp_path / "w" / "checkpoints")
+
+
+def test_validate_checks_ranges_in_process():
+  c = config_lib.base_config()
+  c.batch.staleness = -1
+  with pytest.raises(ValueError, match="batch.staleness"):
+    config_lib.validate(c)
