@@ -150,3 +150,24 @@ def test_validate_checks_ranges_in_process():
   c.batch.staleness = -1
   with pytest.raises(ValueError, match="batch.staleness"):
     config_lib.validate(c)
+
+
+def test_measure_tool_pools_batches_at_a_checkpoint(smoke_run):
+  from cbs_jax import measure
+  wd, _ = smoke_run
+  config = __import__("configs.default", fromlist=["x"]).get_config("smoke")
+  setup = train.prepare(config)
+  graphdef, params, rnd = measure.load_policy(config, wd, setup)
+  assert rnd == 4
+  res = measure.measure(config, graphdef, params, setup, P=4, K=4, M=3,
+                        chunk_prompts=2, progress=False)
+  assert res["exact"].n_batches == 3 and res["split"].n_batches == 3
+  for s in (res["exact"], res["split"]):
+    assert np.isfinite(s.trace_intra) and np.isfinite(s.g2)
+    # a scale is reported only where G2 is significantly positive
+    assert s.g2_positive == np.isfinite(s.b_noise)
+  assert set(res["groups"]) <= {"embeddings", "attention", "mlp", "norms", "head"}
+  table = measure.format_table(res)
+  assert "trace_intra" in table and "by parameter group" in table
+  with pytest.raises(ValueError, match="batches=1"):
+    measure.measure(config, graphdef, params, setup, P=4, K=4, M=1, progress=False)

@@ -1,0 +1,142 @@
+"""Precise gradient-noise measurement of a policy at fixed parameters.
+
+    python -m cbs_jax.measure --config=configs/default.py --workdir=runs/default \\
+        --prompts=64 --rollouts=16 --batches=24
+
+Loads the latest RL checkpoint of the workdir (or the SFT base when there is
+none, or ``--round``), draws M fresh P x K rollout batches from that policy
+(prompts and keys disjoint from training's), computes each batch's exact
+per-rollout moments (and the split estimator, as a cross-check), pools the M
+unbiased per-batch estimates and reports jackknife standard errors.
+B_intra, B_inter and B_noise are reported only where |G|^2 is significantly
+positive (> 2 SE); otherwise they are flagged.
+
+Advantages are group-normalised (GRPO), so rollouts of one prompt are
+exchangeable, not independent: the estimates are unbiased for the batch's
+own K (see noise.py), and B_noise(K') for another K' is an extrapolation.
+"""
+from __future__ import annotations
+
+import functools
+import json
+import os
+
+import jax
+import numpy as np
+import tqdm
+from absl import app
+from absl import flags
+from absl import logging
+from ml_collections import config_flags
+
+from cbs_jax import checkpoint as ckpt_lib
+from cbs_jax import gradstats
+from cbs_jax import noise
+from cbs_jax import train
+
+ROUND_OFFSET = 1_000_000  # measurement batches use rounds >= this: disjoint from training
+
+
+def load_policy(config, workdir: str, setup, round_: int | None = None):
+  """(graphdef, params, round) from the RL checkpoint, or the SFT base (round 0)."""
+  ckpt_dir = os.path.join(workdir, "checkpoints")
+  ckpt = ckpt_lib.Checkpointer(ckpt_dir) if os.path.isdir(ckpt_dir) else None
+  step = round_ if round_ is not None else (ckpt.latest_step() if ckpt else None)
+  graphdef, params, _ = train._sft_base(config, workdir, setup)
+  if step is None or step == 0:
+    return graphdef, params, 0
+  ckpt.check_model(config.model.to_dict(), step)
+  tx = train.make_optimizer(config.optim)
+  like = dict(params=params, opt_state=tx.init(params),
+              history=[params] * config.batch.staleness)
+  state, _ = ckpt.restore(step, like)
+  return graphdef, state["params"], step
+
+
+def measure(config, graphdef, params, setup, P: int, K: int, M: int,
+            chunk_prompts: int = 4, progress: bool = True) -> dict:
+  """Pool M batches at fixed params; returns exact, split and per-group stats."""
+  if M < 2:
+    raise ValueError(f"batches={M}: pooling needs at least 2 batches")
+  c = config.copy_and_resolve_references()
+  with c.unlocked():
+    c.batch.num_prompts, c.batch.rollouts_per_prompt = P, K
+    c.batch.num_minibatches = 1
+  exact_fn = jax.jit(functools.partial(
+      gradstats.group_moments, graphdef=graphdef, P=P, K=K, rl_cfg=c.rl,
+      sampling_cfg=c.sampling, chunk_prompts=chunk_prompts))
+  split_fn = jax.jit(lambda p, b: gradstats.split_grads(
+      p, graphdef, b, P, K, c.rl, c.sampling)[3])
+  leaf_groups = [gradstats.param_group(p) for p in gradstats.leaf_paths(params)]
+  exact, split, groups, rewards = [], [], {}, []
+  for i in tqdm.trange(M, desc="measure", disable=not progress):
+    b, r, _ = train._round_batch(c, graphdef, params, params, setup, ROUND_OFFSET + i)
+    b["on_policy"] = np.ones((P * K,), bool)
+    rewards.append(float(r.mean()))
+    mom = exact_fn(params, batch=b)
+    exact.append(noise.exact_estimates(gradstats.sum_leaves(mom)))
+    for g, gm in gradstats.sum_leaves(mom, leaf_groups).items():
+      groups.setdefault(g, []).append(noise.exact_estimates(gm))
+    split.append(noise.split_estimates(gradstats.sum_leaves(split_fn(params, b))))
+  to_np = lambda ests: [{k: float(v) for k, v in e.items()} for e in ests]
+  return dict(P=P, K=K, M=M, reward_mean=float(np.mean(rewards)),
+              exact=noise.pooled_estimates(to_np(exact), P, K),
+              split=noise.pooled_estimates(to_np(split), P, K),
+              groups={g: noise.pooled_estimates(to_np(v), P, K) for g, v in groups.items()})
+
+
+def format_table(res: dict) -> str:
+  s = res["exact"]
+  lines = [f"P={res['P']} K={res['K']} batches={res['M']} "
+           f"(rollouts pooled: {res['P'] * res['K'] * res['M']}) reward_mean={res['reward_mean']:.3f}",
+           f"{'quantity':<24}{'exact':>14}{'+-SE':>12}{'split':>14}{'+-SE':>12}"]
+  for k in ("g2", "trace_intra", "trace_inter", "b_intra", "b_inter", "b_noise", "ratio"):
+    e, sp = res["exact"], res["split"]
+    lines.append(f"{k:<24}{getattr(e, k):>14.5g}{getattr(e, k + '_se'):>12.3g}"
+                 f"{getattr(sp, k):>14.5g}{getattr(sp, k + '_se'):>12.3g}")
+  if s.flag:
+    lines.append(f"flag: {s.flag}")
+  lines.append("by parameter group (exact): trace_intra, trace_inter, g2")
+  for g, st in res["groups"].items():
+    lines.append(f"  {g:<12}{st.trace_intra:>12.4g} {st.trace_inter:>12.4g} {st.g2:>12.4g}")
+  return "\n".join(lines)
+
+
+def to_json(res: dict) -> dict:
+  import dataclasses
+  out = {k: v for k, v in res.items() if k not in ("exact", "split", "groups")}
+  out["exact"] = dataclasses.asdict(res["exact"])
+  out["split"] = dataclasses.asdict(res["split"])
+  out["groups"] = {g: dataclasses.asdict(s) for g, s in res["groups"].items()}
+  return out
+
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "Config of the run.", lock_config=True)
+_WORKDIR = flags.DEFINE_string("workdir", None, "Run directory holding the checkpoint.")
+_ROUND = flags.DEFINE_integer("round", None, "Checkpoint round (default: latest; 0: SFT base).")
+_PROMPTS = flags.DEFINE_integer("prompts", 64, "P prompts per batch.")
+_ROLLOUTS = flags.DEFINE_integer("rollouts", 16, "K rollouts per prompt.")
+_BATCHES = flags.DEFINE_integer("batches", 16, "M batches pooled.")
+_CHUNK = flags.DEFINE_integer("chunk_prompts", 4, "Prompts per vmap chunk (divides P).")
+
+
+def main(argv):
+  del argv
+  if not flags.FLAGS["verbosity"].present:
+    logging.set_verbosity(logging.WARNING)
+  config = _CONFIG.value
+  setup = train.prepare(config)
+  graphdef, params, rnd = load_policy(config, _WORKDIR.value, setup, _ROUND.value)
+  print(f"policy: {_WORKDIR.value} round {rnd}")
+  res = measure(config, graphdef, params, setup, _PROMPTS.value, _ROLLOUTS.value,
+                _BATCHES.value, _CHUNK.value)
+  print(format_table(res))
+  path = os.path.join(_WORKDIR.value, f"measure_round{rnd}_P{res['P']}_K{res['K']}.json")
+  with open(path, "w") as f:
+    json.dump(to_json(res), f, indent=1, default=float)
+  print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+  flags.mark_flags_as_required(["config", "workdir"])
+  app.run(main)
