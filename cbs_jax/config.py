@@ -96,7 +96,8 @@ def base_config() -> ConfigDict:
   c.noise.split_every = 1      # rounds between split-microbatch estimates (0 = off)
   c.noise.exact_every = 0      # rounds between exact per-rollout estimates (0 = off)
   c.noise.chunk_prompts = 4    # exact path: prompts per vmap chunk (divides the prompts of an update)
-  c.noise.ema_decay = 0.9      # tracker EMA decay (numerators and denominators separately)
+  c.noise.ema_decay = 0.99     # tracker EMA decay (numerators, denominators separately); G2 needs
+                               # ~25k pooled rollouts to resolve, so ~1/(1-decay) rounds of N must reach that
   c.noise.drift_every = 0      # off-policy: per-rollout trace_intra at every reuse step, every n rounds (0 = off)
   return c
 

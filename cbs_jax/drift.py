@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.scipy.special import logsumexp
 
 DRIFT_KEYS = ("kappa_k1", "kappa_k3", "ratio_mean", "ratio_max", "ratio_min",
@@ -121,3 +122,20 @@ def exact_kl(p_logits, q_logits) -> jax.Array:
   logq = jax.nn.log_softmax(jnp.asarray(q_logits, jnp.float32), axis=-1)
   p = jnp.exp(logp)
   return jnp.sum(jnp.where(p > 0, p * (logp - logq), 0.0), axis=-1)
+
+
+def fit_quadratic(kappa, y) -> dict:
+  """Least-squares fit y = a0 + a1 kappa + a2 kappa^2 (noise inflation under
+  drift); returns the coefficients and R^2 (1 - SS_res / SS_tot)."""
+  x = np.asarray(kappa, np.float64)
+  y = np.asarray(y, np.float64)
+  ok = np.isfinite(x) & np.isfinite(y)
+  x, y = x[ok], y[ok]
+  if x.size < 3 or np.ptp(x) == 0:
+    raise ValueError(f"need >= 3 finite points with distinct kappa, got {x.size}")
+  A = np.stack([np.ones_like(x), x, x * x], axis=1)
+  coef, *_ = np.linalg.lstsq(A, y, rcond=None)
+  resid = y - A @ coef
+  ss_tot = float(np.sum((y - y.mean()) ** 2))
+  r2 = 1.0 - float(np.sum(resid ** 2)) / ss_tot if ss_tot > 0 else float("nan")
+  return dict(a0=float(coef[0]), a1=float(coef[1]), a2=float(coef[2]), r2=r2, n=int(x.size))

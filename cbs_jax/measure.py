@@ -111,32 +111,36 @@ def to_json(res: dict) -> dict:
   return out
 
 
-_CONFIG = config_flags.DEFINE_config_file("config", None, "Config of the run.", lock_config=True)
-_WORKDIR = flags.DEFINE_string("workdir", None, "Run directory holding the checkpoint.")
-_ROUND = flags.DEFINE_integer("round", None, "Checkpoint round (default: latest; 0: SFT base).")
-_PROMPTS = flags.DEFINE_integer("prompts", 64, "P prompts per batch.")
-_ROLLOUTS = flags.DEFINE_integer("rollouts", 16, "K rollouts per prompt.")
-_BATCHES = flags.DEFINE_integer("batches", 16, "M batches pooled.")
-_CHUNK = flags.DEFINE_integer("chunk_prompts", 4, "Prompts per vmap chunk (divides P).")
+def _define_flags():
+  """Command-line flags (defined only when run as a program)."""
+  config_flags.DEFINE_config_file("config", None, "Config of the run.", lock_config=True)
+  flags.DEFINE_string("workdir", None, "Run directory holding the checkpoint.")
+  flags.DEFINE_integer("round", None, "Checkpoint round (default: latest; 0: SFT base).")
+  flags.DEFINE_integer("prompts", 64, "P prompts per batch.")
+  flags.DEFINE_integer("rollouts", 16, "K rollouts per prompt.")
+  flags.DEFINE_integer("batches", 16, "M batches pooled.")
+  flags.DEFINE_integer("chunk_prompts", 4, "Prompts per vmap chunk (divides P).")
+  flags.mark_flags_as_required(["config", "workdir"])
 
 
 def main(argv):
   del argv
-  if not flags.FLAGS["verbosity"].present:
+  F = flags.FLAGS
+  if not F["verbosity"].present:
     logging.set_verbosity(logging.WARNING)
-  config = _CONFIG.value
+  config = F.config
   setup = train.prepare(config)
-  graphdef, params, rnd = load_policy(config, _WORKDIR.value, setup, _ROUND.value)
-  print(f"policy: {_WORKDIR.value} round {rnd}")
-  res = measure(config, graphdef, params, setup, _PROMPTS.value, _ROLLOUTS.value,
-                _BATCHES.value, _CHUNK.value)
+  graphdef, params, rnd = load_policy(config, F.workdir, setup, F.round)
+  print(f"policy: {F.workdir} round {rnd}")
+  res = measure(config, graphdef, params, setup, F.prompts, F.rollouts, F.batches,
+                F.chunk_prompts)
   print(format_table(res))
-  path = os.path.join(_WORKDIR.value, f"measure_round{rnd}_P{res['P']}_K{res['K']}.json")
+  path = os.path.join(F.workdir, f"measure_round{rnd}_P{res['P']}_K{res['K']}.json")
   with open(path, "w") as f:
     json.dump(to_json(res), f, indent=1, default=float)
   print(f"wrote {path}")
 
 
 if __name__ == "__main__":
-  flags.mark_flags_as_required(["config", "workdir"])
+  _define_flags()
   app.run(main)

@@ -90,7 +90,7 @@ def train_sft(config, workdir: str, task, tok, layout, eval_problems):
                                           eval_key, layout, config.train.eval_temperature)
   t0 = time.time()
   bar = tqdm.trange(start, c.steps, desc="sft", disable=not config.train.progress,
-                    initial=start, total=c.steps)
+                    initial=start, total=c.steps, mininterval=1.0)
   loss = None
   for s in bar:
     rng = np.random.default_rng([config.seed, 7, s])
@@ -98,9 +98,11 @@ def train_sft(config, workdir: str, task, tok, layout, eval_problems):
     batch = make_batch(task, tok, problems, layout)
     params, opt_state, loss = step(params, opt_state, batch)
     last = s + 1 == c.steps
-    row = {"step": s + 1}
-    if (c.eval_every and (s + 1) % c.eval_every == 0) or last:
-      row["loss"] = float(loss)
+    do_eval = (c.eval_every and (s + 1) % c.eval_every == 0) or last
+    if not (do_eval or s == start or (s + 1) % 100 == 0):
+      continue
+    row = {"step": s + 1, "loss": float(loss)}
+    if do_eval:
       ev = evaluate(params)
       row["eval_pass_rate"] = ev["pass_rate"]
       row.update({f"eval_pass_rate_d{d}": v for d, v in ev["by_difficulty"].items()})
@@ -108,7 +110,8 @@ def train_sft(config, workdir: str, task, tok, layout, eval_problems):
       summary = {"sft_steps": s + 1, "sft_loss": row["loss"],
                  "base_pass_rate": ev["pass_rate"],
                  "sft_seconds": time.time() - t0}
-      writer.write(row)
+    writer.write(row)
+    if do_eval:
       ckpt.save(s + 1, (params, opt_state),
                 {"step": s + 1, "model": model_meta, "summary": summary})
   writer.close()

@@ -1,0 +1,287 @@
+"""Sweeps for batch-size studies: one workdir per run, restartable at any moment.
+
+    python -m cbs_jax.sweep --config=configs/default.py --workdir=runs/sweep \
+        --sweep='{"batch.num_prompts": [8, 16, 32], "seed": [0, 1]}'
+
+The grid is the cartesian product of the JSON lists (a scalar is a list of
+one). In Python, ``run_sweep(base_config, overrides, root)`` takes the list
+of override dicts (dotted field -> value) directly.
+
+Each run lives in ``root/<name>`` and first stores its full config there as
+``config.json``. On a restart a run whose workdir holds ``summary.json``
+(written by the trainer only when the run has finished) is not run again:
+its summary is read back. An unfinished run is started again in its
+workdir, where the trainer resumes from the last checkpoint. A stored
+``config.json`` that differs from the run's config is an error naming the
+differing fields (two configs never share a workdir). After every run, its
+row (name, overrides, summary) is refreshed in ``root/results.jsonl`` by an
+atomic rewrite (tmp file + ``os.replace``), so an interruption at any moment
+loses no finished result and redoes no finished run.
+"""
+from __future__ import annotations
+
+import copy
+import hashlib
+import itertools
+import json
+import os
+import re
+from typing import Any, Callable, Sequence
+
+import ml_collections
+import tqdm
+
+from cbs_jax import config as config_lib
+from cbs_jax import train
+
+RESULTS = "results.jsonl"
+_UNSAFE = re.compile(r"[^A-Za-z0-9._=+-]")
+_MAX_NAME = 120
+
+
+def _node_and_leaf(config: ml_collections.ConfigDict, dotted: str):
+  """The ConfigDict holding field ``dotted`` and its last key; ValueError if absent."""
+  parts = dotted.split(".")
+  node = config
+  for i, part in enumerate(parts):
+    if not isinstance(node, ml_collections.ConfigDict) or part not in node:
+      where = ".".join(parts[:i]) or "the config root"
+      known = sorted(node.keys()) if isinstance(node, ml_collections.ConfigDict) else []
+      raise ValueError(f"sweep override names unknown config field {dotted!r} "
+                       f"({part!r} is not a field of {where}; known: {known})")
+    if i < len(parts) - 1:
+      node = node[part]
+  if isinstance(node[parts[-1]], ml_collections.ConfigDict):
+    raise ValueError(f"sweep override {dotted!r} names a config section, not a field")
+  return node, parts[-1]
+
+
+def apply_overrides(base_config: ml_collections.ConfigDict,
+                    overrides: dict[str, Any]) -> ml_collections.ConfigDict:
+  """A copy of ``base_config`` with ``overrides`` (dotted field -> value) set.
+
+  Unknown fields are a ValueError naming them; a value of the wrong type is
+  ml_collections' TypeError, re-raised naming the dotted field.
+  """
+  config = copy.deepcopy(base_config)
+  for dotted, value in overrides.items():
+    node, leaf = _node_and_leaf(config, dotted)
+    try:
+      node[leaf] = value
+    except TypeError as e:
+      raise TypeError(f"sweep override {dotted}={value!r}: {e}") from e
+  return config
+
+
+def _fmt(v) -> str:
+  if isinstance(v, float):
+    return repr(v)
+  if isinstance(v, (list, tuple, dict)):
+    return json.dumps(v, separators=(",", ":"), sort_keys=True)
+  return str(v)
+
+
+def run_name(overrides: dict[str, Any]) -> str:
+  """A filesystem-safe name: ``batch.num_prompts=8__optim.lr=0.001`` (``base`` if empty)."""
+  if not overrides:
+    return "base"
+  name = "__".join(f"{k}={_fmt(v)}" for k, v in overrides.items())
+  name = _UNSAFE.sub("_", name)
+  if len(name) > _MAX_NAME:  # keep names short; the hash keeps them distinct
+    digest = hashlib.sha1(name.encode()).hexdigest()[:10]
+    name = f"{name[:_MAX_NAME - 11]}-{digest}"
+  return name
+
+
+def _check_name(name: str) -> None:
+  if (not isinstance(name, str) or not name or name in (".", "..")
+      or _UNSAFE.search(name)):
+    raise ValueError(f"sweep run name {name!r} is not a filesystem-safe name "
+                     "(letters, digits and ._=+- only)")
+
+
+def _as_json(config: ml_collections.ConfigDict) -> dict:
+  return json.loads(json.dumps(config.to_dict(), sort_keys=True, default=str))
+
+
+def _flatten(d: dict, prefix: str = "") -> dict:
+  out = {}
+  for k, v in d.items():
+    key = f"{prefix}{k}"
+    if isinstance(v, dict) and v:
+      out.update(_flatten(v, key + "."))
+    else:
+      out[key] = v
+  return out
+
+
+def config_diff(a: dict, b: dict) -> list[str]:
+  """Dotted fields whose values differ between two JSON config dicts."""
+  fa, fb = _flatten(a), _flatten(b)
+  missing = object()
+  return sorted(k for k in set(fa) | set(fb) if fa.get(k, missing) != fb.get(k, missing))
+
+
+def _write_atomic(path: str, text: str) -> None:
+  tmp = f"{path}.tmp.{os.getpid()}"
+  with open(tmp, "w") as f:
+    f.write(text)
+    f.flush()
+    os.fsync(f.fileno())
+  os.replace(tmp, path)
+
+
+def _read_json(path: str):
+  """The JSON in ``path``, or None if it is missing or unreadable (torn)."""
+  try:
+    with open(path) as f:
+      return json.load(f)
+  except (OSError, ValueError):
+    return None
+
+
+def read_results(root: str) -> list[dict]:
+  path = os.path.join(root, RESULTS)
+  rows = []
+  if os.path.exists(path):
+    with open(path) as f:
+      for line in f:
+        if line.strip():
+          rows.append(json.loads(line))
+  return rows
+
+
+def _store_result(root: str, row: dict) -> None:
+  rows = [r for r in read_results(root)]
+  for i, r in enumerate(rows):
+    if r.get("name") == row["name"]:
+      rows[i] = row
+      break
+  else:
+    rows.append(row)
+  _write_atomic(os.path.join(root, RESULTS),
+                "".join(json.dumps(r, default=float) + "\n" for r in rows))
+
+
+def _prepare_run(root, name, config) -> tuple[str, dict, bool]:
+  """Check the stored config of run ``name``; returns (workdir, config json, stored?)."""
+  workdir = os.path.join(root, name)
+  want = _as_json(config)
+  cfg_path = os.path.join(workdir, "config.json")
+  if os.path.exists(cfg_path):
+    have = _read_json(cfg_path)
+    if have is None:
+      raise ValueError(f"{cfg_path} is unreadable; remove it (or the run) to rerun {name!r}")
+    diff = config_diff(have, want)
+    if diff:
+      fa, fb = _flatten(have), _flatten(want)
+      detail = ", ".join(f"{k}: stored {fa.get(k)!r} vs now {fb.get(k)!r}" for k in diff)
+      raise ValueError(
+          f"sweep run {name!r} in {workdir} was made with a different config "
+          f"({detail}); give this run another name or root")
+    return workdir, want, True
+  leftovers = [f for f in os.listdir(workdir) if not f.startswith("config.json.tmp")] \
+      if os.path.isdir(workdir) else []
+  if leftovers:
+    raise ValueError(f"{workdir} is not empty but holds no config.json: it is not a "
+                     f"run of this sweep; give run {name!r} another name or root")
+  return workdir, want, False
+
+
+def run_sweep(base_config: ml_collections.ConfigDict,
+              overrides: Sequence[dict[str, Any]],
+              root: str,
+              names: Sequence[str] | None = None,
+              run_fn: Callable[[ml_collections.ConfigDict, str], dict] = train.train_and_evaluate,
+              progress: bool = True) -> list[dict]:
+  """Run (or finish) every run of a sweep; returns the rows in sweep order.
+
+  ``overrides[i]`` (dotted field -> value) applied to ``base_config`` gives
+  run i, named ``names[i]`` (default: ``run_name(overrides[i])``) and run
+  by ``run_fn(config, root/name)`` unless that workdir already holds its
+  ``summary.json``. Every config is built, validated and compared with its
+  stored ``config.json`` before the first run starts.
+  """
+  overrides = [dict(o) for o in overrides]
+  if names is None:
+    names = [run_name(o) for o in overrides]
+  names = list(names)
+  if len(names) != len(overrides):
+    raise ValueError(f"{len(names)} names for {len(overrides)} runs")
+  for n in names:
+    _check_name(n)
+  dup = sorted({n for n in names if names.count(n) > 1})
+  if dup:
+    raise ValueError(f"sweep run names are not distinct: {dup}")
+  if os.path.exists(root) and not os.path.isdir(root):
+    raise ValueError(f"sweep root {root!r} exists and is not a directory")
+  runs = []
+  for name, over in zip(names, overrides):
+    config = apply_overrides(base_config, over)
+    try:
+      config_lib.validate(config)
+    except ValueError as e:
+      raise ValueError(f"sweep run {name!r} ({over}): {e}") from e
+    runs.append((name, over, config))
+  prepared = [_prepare_run(root, name, config) for name, _, config in runs]
+  os.makedirs(root, exist_ok=True)
+
+  rows = []
+  bar = tqdm.tqdm(zip(runs, prepared), total=len(runs), desc="sweep", disable=not progress)
+  for (name, over, config), (workdir, cfg_json, stored) in bar:
+    bar.set_postfix_str(name)
+    if not stored:
+      os.makedirs(workdir, exist_ok=True)
+      _write_atomic(os.path.join(workdir, "config.json"),
+                    json.dumps(cfg_json, indent=2, sort_keys=True))
+    summary = _read_json(os.path.join(workdir, "summary.json")) if stored else None
+    if summary is None:  # never finished (or its summary was torn): (re)run, resuming
+      summary = run_fn(config, workdir)
+    row = dict(name=name, overrides=over, workdir=workdir, summary=summary)
+    _store_result(root, row)
+    rows.append(row)
+  bar.close()
+  return rows
+
+
+def grid(spec: dict[str, Any]) -> list[dict[str, Any]]:
+  """Cartesian product of ``{field: [values]}`` (a scalar counts as one value)."""
+  if not isinstance(spec, dict):
+    raise ValueError(f"--sweep must be a JSON object {{field: [values]}}, got {spec!r}")
+  keys = list(spec)
+  values = [v if isinstance(v, list) else [v] for v in spec.values()]
+  for k, v in zip(keys, values):
+    if not v:
+      raise ValueError(f"--sweep field {k!r} has an empty list of values")
+  return [dict(zip(keys, combo)) for combo in itertools.product(*values)]
+
+
+def main(argv):
+  del argv
+  from absl import flags
+  from absl import logging
+  if not flags.FLAGS["verbosity"].present:
+    logging.set_verbosity(logging.WARNING)
+  try:
+    spec = json.loads(_SWEEP.value)
+  except json.JSONDecodeError as e:
+    raise ValueError(f"--sweep is not valid JSON ({e}): {_SWEEP.value!r}") from e
+  rows = run_sweep(_CONFIG.value, grid(spec), _WORKDIR.value)
+  for row in rows:
+    s = row["summary"] or {}
+    print(json.dumps({"name": row["name"]} | {
+        k: v for k, v in s.items() if not isinstance(v, dict)}, default=float))
+
+
+if __name__ == "__main__":
+  from absl import app
+  from absl import flags
+  from ml_collections import config_flags
+
+  _CONFIG = config_flags.DEFINE_config_file("config", None, "Base config file (get_config).",
+                                            lock_config=True)
+  _WORKDIR = flags.DEFINE_string("workdir", None, "Sweep root: one subdirectory per run.")
+  _SWEEP = flags.DEFINE_string("sweep", "{}", 'JSON {"dotted.field": [values], ...}; '
+                               "the grid is their cartesian product.")
+  flags.mark_flags_as_required(["config", "workdir"])
+  app.run(main)

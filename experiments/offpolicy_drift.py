@@ -1,0 +1,147 @@
+"""Off-policy reuse, drift and the clipping question.
+
+    python experiments/offpolicy_drift.py                  # all variants
+    python experiments/offpolicy_drift.py --variants=clip0.2,clip10
+
+Runs ``configs/offpolicy.py`` for each variant (one generation round of
+N = 1024 rollouts reused for 8 updates; per-update drift and exact
+trace_intra on the old rollouts), in ``runs/off_<variant>`` (finished runs
+are read back, not redone), then writes under experiments/results/:
+  offpolicy_drift.json   every number below
+  offpolicy_drift.md     kappa by update index, trace_intra(kappa) fit, clip
+                         fractions and pass rates per variant
+  offpolicy_drift.png    kappa by update, trace_intra vs kappa with the fit,
+                         pass rate over rounds
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+from absl import app
+from absl import flags
+from absl import logging
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import matplotlib  # noqa: E402
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+
+from cbs_jax import drift  # noqa: E402
+from cbs_jax import metrics as metrics_lib  # noqa: E402
+from cbs_jax import train  # noqa: E402
+from configs import offpolicy  # noqa: E402
+
+_VARIANTS = flags.DEFINE_list("variants", list(offpolicy.VARIANTS), "Variants to run.")
+_ROOT = flags.DEFINE_string("root", "runs", "Parent of the run directories.")
+_OUT = flags.DEFINE_string("out", "experiments/results", "Output folder.")
+_ROUNDS = flags.DEFINE_integer("rounds", 100, "Generation rounds per variant.")
+
+
+def run_variant(name: str) -> tuple[dict, list[dict]]:
+  workdir = os.path.join(_ROOT.value, f"off_{name}")
+  c = offpolicy.get_config(name)
+  c.train.num_rounds = _ROUNDS.value
+  c.train.progress = False
+  summary_path = os.path.join(workdir, "summary.json")
+  done = os.path.exists(summary_path) and json.load(open(summary_path))["rounds"] >= _ROUNDS.value
+  summary = json.load(open(summary_path)) if done else train.train_and_evaluate(c, workdir)
+  rows = metrics_lib.read_jsonl(os.path.join(workdir, "metrics.jsonl"))
+  return summary, [r for r in rows if r["round"] > 0]
+
+
+def analyse(rows: list[dict]) -> dict:
+  kappa = np.array([r["kappa_k3_by_update"] for r in rows])   # rounds x updates
+  tri = np.array([r["trace_intra_by_update"] for r in rows])
+  n = len(rows)
+  out = dict(
+      kappa_k3_by_update=kappa.mean(0).tolist(),
+      kappa_k3_by_update_se=(kappa.std(0, ddof=1) / np.sqrt(n)).tolist(),
+      kappa_k1_by_update=np.array([r["kappa_k1_by_update"] for r in rows]).mean(0).tolist(),
+      trace_intra_by_update=tri.mean(0).tolist(),
+      trace_intra_by_update_se=(tri.std(0, ddof=1) / np.sqrt(n)).tolist(),
+      clip_frac_low_by_update=np.array([r["clip_frac_low_by_update"] for r in rows]).mean(0).tolist(),
+      clip_frac_high_by_update=np.array([r["clip_frac_high_by_update"] for r in rows]).mean(0).tolist(),
+      ess_by_update=np.array([r["ess_by_update"] for r in rows]).mean(0).tolist(),
+      kappa_k3_mean=float(kappa[:, 1:].mean()),
+      clip_frac_mean=float(np.mean([r["clip_frac_low"] + r["clip_frac_high"] for r in rows])),
+      eval=[(r["round"], r["eval_pass_rate"]) for r in rows if "eval_pass_rate" in r],
+  )
+  out["fit"] = drift.fit_quadratic(kappa.ravel(), tri.ravel())
+  # binned: trace_intra averaged within kappa quantile bins (what the eye should see)
+  k, t = kappa.ravel(), tri.ravel()
+  edges = np.quantile(k, np.linspace(0, 1, 7))
+  idx = np.clip(np.searchsorted(edges, k, side="right") - 1, 0, 5)
+  out["binned"] = [(float(k[idx == b].mean()), float(t[idx == b].mean()),
+                    float(t[idx == b].std(ddof=1) / np.sqrt(max((idx == b).sum(), 1))))
+                   for b in range(6) if (idx == b).sum() > 1]
+  return out
+
+
+def main(argv):
+  del argv
+  logging.set_verbosity(logging.WARNING)
+  res = {}
+  for name in _VARIANTS.value:
+    print(f"=== variant {name}", flush=True)
+    summary, rows = run_variant(name)
+    res[name] = dict(analyse(rows), base_pass_rate=summary["base_pass_rate"],
+                     final_pass_rate=summary["final_pass_rate"],
+                     noise=summary.get("noise"))
+  os.makedirs(_OUT.value, exist_ok=True)
+  with open(os.path.join(_OUT.value, "offpolicy_drift.json"), "w") as f:
+    json.dump(res, f, indent=1, default=float)
+
+  n_upd = len(next(iter(res.values()))["kappa_k3_by_update"])
+  L = [f"Rounds per variant: {_ROUNDS.value}; N = 1024 rollouts per round, 8 updates of 256.",
+       "", "kappa (k3, per token) by update index, mean over rounds:", "",
+       "| variant | " + " | ".join(f"u{j}" for j in range(n_upd)) + " |",
+       "|---|" + "---|" * n_upd]
+  for name, r in res.items():
+    L.append(f"| {name} | " + " | ".join(f"{v:.4f}" for v in r["kappa_k3_by_update"]) + " |")
+  L += ["", "trace_intra (exact per-rollout, at current params on the old rollouts) by update index:",
+        "", "| variant | " + " | ".join(f"u{j}" for j in range(n_upd)) + " |", "|---|" + "---|" * n_upd]
+  for name, r in res.items():
+    L.append(f"| {name} | " + " | ".join(
+        f"{v:.3g}±{s:.2g}" for v, s in zip(r["trace_intra_by_update"], r["trace_intra_by_update_se"])) + " |")
+  L += ["", "Fit trace_intra = a0 + a1 kappa + a2 kappa^2 over all (round, update) points:", "",
+        "| variant | a0 | a1 | a2 | R^2 | points |", "|---|---|---|---|---|---|"]
+  for name, r in res.items():
+    f = r["fit"]
+    L.append(f"| {name} | {f['a0']:.4g} | {f['a1']:.4g} | {f['a2']:.4g} | {f['r2']:.3f} | {f['n']} |")
+  L += ["", "| variant | mean kappa_k3 (updates 1-7) | clip fraction (mean over updates) | "
+        "base pass@1 | final pass@1 |", "|---|---|---|---|---|"]
+  for name, r in res.items():
+    L.append(f"| {name} | {r['kappa_k3_mean']:.4f} | {r['clip_frac_mean']:.4f} | "
+             f"{r['base_pass_rate']:.3f} | {r['final_pass_rate']:.3f} |")
+  text = "\n".join(L) + "\n"
+  with open(os.path.join(_OUT.value, "offpolicy_drift.md"), "w") as f:
+    f.write(text)
+  print(text)
+
+  fig, ax = plt.subplots(1, 3, figsize=(15, 4))
+  for name, r in res.items():
+    ax[0].errorbar(range(n_upd), r["kappa_k3_by_update"], yerr=r["kappa_k3_by_update_se"],
+                   marker="o", capsize=2, label=name)
+    b = np.array(r["binned"])
+    ax[1].errorbar(b[:, 0], b[:, 1], yerr=b[:, 2], marker="o", ls="", capsize=2, label=name)
+    f = r["fit"]
+    xs = np.linspace(0, b[:, 0].max(), 50)
+    ax[1].plot(xs, f["a0"] + f["a1"] * xs + f["a2"] * xs ** 2, lw=1)
+    ev = np.array(r["eval"])
+    ax[2].plot(ev[:, 0], ev[:, 1], marker="o", label=name)
+  ax[0].set(xlabel="update index within round", ylabel="kappa (k3)", title="drift by update")
+  ax[1].set(xlabel="kappa (k3)", ylabel="tr Sigma_intra", title="intra-prompt noise vs drift (binned, quadratic fit)")
+  ax[2].set(xlabel="round", ylabel="eval pass@1", title="held-out pass rate")
+  for a in ax:
+    a.legend(fontsize=7)
+  fig.tight_layout()
+  fig.savefig(os.path.join(_OUT.value, "offpolicy_drift.png"), dpi=110)
+  print("wrote", _OUT.value)
+
+
+if __name__ == "__main__":
+  app.run(main)
