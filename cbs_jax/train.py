@@ -298,25 +298,27 @@ def _train_rl(config, workdir, setup):
         new_state, m, moments = update(
             dict(params=state["params"], opt_state=state["opt_state"]), mb, lr)
         state.update(new_state)
-        m = jax.device_get(m)
         m["lr"] = lr
-        upd_rows.append(m)
+        upd_rows.append(m)  # device values: read once per round, not per update
         if moments is not None:
           split_stats = noise.split_estimates(gradstats.sum_leaves(moments))
         meta["step"] += 1
         j += 1
-        if not bool(m["finite"]):
-          meta["consecutive_nonfinite"] += 1
-          meta["skipped_updates"] += 1
-          if meta["consecutive_nonfinite"] >= c.train.max_consecutive_nonfinite:
-            writer.close()
-            raise NonFiniteError(
-                f"{meta['consecutive_nonfinite']} consecutive non-finite updates "
-                f"(round {r1}, update {j} of the round, optimizer step {meta['step']}: "
-                f"loss={m['loss']}, grad_norm={m['grad_norm']}); parameters were not "
-                f"changed by them; last checkpoint: round {ckpt.latest_step()}")
-        else:
-          meta["consecutive_nonfinite"] = 0
+    upd_rows = jax.device_get(upd_rows)
+    for j, m in enumerate(upd_rows):
+      if bool(m["finite"]):
+        meta["consecutive_nonfinite"] = 0
+        continue
+      meta["consecutive_nonfinite"] += 1
+      meta["skipped_updates"] += 1
+      if meta["consecutive_nonfinite"] >= c.train.max_consecutive_nonfinite:
+        writer.close()
+        step = meta["step"] - len(upd_rows) + j + 1
+        raise NonFiniteError(
+            f"{meta['consecutive_nonfinite']} consecutive non-finite updates "
+            f"(round {r1}, update {j + 1} of the round, optimizer step {step}: "
+            f"loss={m['loss']}, grad_norm={m['grad_norm']}); parameters were not "
+            f"changed by them; last checkpoint: round {ckpt.latest_step()}")
     t_upd = time.time() - t1
     meta["rollouts_seen"] += N
     gen_tokens = float(np.asarray(gen["completion_mask"]).sum())

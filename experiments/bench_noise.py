@@ -4,9 +4,11 @@ Command (from the repository root):
 
     python experiments/bench_noise.py --base_dir=runs/default/sft_base
 
-(without --base_dir the policy is a fresh init, ``model.build(config.model)``;
-timings depend only on shapes, which are fixed by the layout, so both give
-the same costs up to noise; the cross-checks use the actual batch.)
+(without --base_dir the policy is a fresh init, ``model.build(config.model)``:
+timings depend only on shapes, fixed by the layout, so both give the same
+costs up to noise, but a fresh init solves nothing, every advantage is 0 and
+so is every gradient, which makes the cross-checks vacuous (a warning says so).
+A --base_dir holding a finished SFT checkpoint is loaded via ``sft.train_sft``.)
 
 Setup: ``configs/default.py`` (arithmetic task, default small model, vocab from
 the task tokenizer via ``train.prepare``), P = 16 prompts x K = 16 rollouts =
@@ -32,9 +34,16 @@ Breakdown of the exact path (to see what it costs):
   gradients must still be materialised, but no per-leaf/per-prompt reductions.
 * prompt grads: ``vmap`` over prompts of the grad of each prompt's summed loss
   (P gradients of |theta|, what the group means alone need).
-* ghost (prototype): per-rollout squared norms WITHOUT materialising
-  per-rollout gradients -- see ``ghost_moments`` below -- plus the prompt
-  gradients above; gives the same GroupMoments (checked against the loop).
+* ghost (prototype): the same GroupMoments from ONE forward + backward,
+  without per-rollout gradients: the backward is taken w.r.t. zero "taps"
+  added to every parameter use's output (dL/dy for all rollouts at once);
+  per-rollout squared norms of dense weights then come from the Gram identity
+  |sum_t x_t^T dy_t|_F^2 = sum_{t,s} (x_t . x_s)(dy_t . dy_s), and the prompt
+  gradients gbar_p from the usual weight-gradient contraction keeping the
+  prompt index; their mean is the batch gradient, returned too (so an
+  exact-measured update would need no separate plain gradient). It re-writes
+  the default model's forward (``make_ghost``); checked against the loop.
+  "ghost sqnorms only" is that pass without the prompt gradients.
 
 Memory: XLA's compiled memory analysis of each jitted function,
 ``jax.jit(f).lower(*args).compile().memory_analysis()``; "temp MB" is
@@ -520,13 +529,17 @@ def main():
   print()
   print("memory: XLA compiled memory_analysis() of each jitted function "
         "(temp = scratch besides args/outputs; loop: one per-rollout step)")
-  print(f"{'path':<24} {'ms':>9} {'min ms':>9} {'x plain':>8} {'temp MB':>9} "
-        f"{'arg MB':>7} {'out MB':>7}")
+  bmin = min(times["plain"])
+  print(f"{'path':<24} {'ms':>9} {'x plain':>8} {'min ms':>9} {'x (min)':>8} "
+        f"{'temp MB':>9} {'arg MB':>7} {'out MB':>7}")
   for name in list(paths) + ["loop"]:
     mm = mem.get(name)
     mb = (lambda k: f"{mm[k] / 2**20:.2f}") if mm else (lambda k: "n/a")
-    print(f"{name:<24} {med[name] * 1e3:>9.1f} {min(times[name]) * 1e3:>9.1f} "
-          f"{med[name] / base:>8.2f} {mb('temp'):>9} {mb('arg'):>7} {mb('out'):>7}")
+    print(f"{name:<24} {med[name] * 1e3:>9.1f} {med[name] / base:>8.2f} "
+          f"{min(times[name]) * 1e3:>9.1f} {min(times[name]) / bmin:>8.2f} "
+          f"{mb('temp'):>9} {mb('arg'):>7} {mb('out'):>7}")
+  print(f"ms = median, x plain = median / plain's median; min ms / x (min): the "
+        f"fastest call (least disturbed by other processes), ratio of minima")
   print(f"(median of {args.repeats} calls; loop median of {args.loop_repeats} passes "
         f"of {N} + {P} dispatches = {med['loop'] / (N + P) * 1e3:.2f} ms per dispatch; "
         f"plain / N = {base / N * 1e3:.2f} ms per rollout)")

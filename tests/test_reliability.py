@@ -1,0 +1,727 @@
+"""Reliability: preemption, determinism, non-finite updates, configs,
+corrupted checkpoints, unwritable workdirs, restartable sweeps.
+
+Faults are injected from the outside only (SIGKILL, tasks registered with
+monkeypatch, files corrupted on disk, run functions that raise); production
+code is not patched. Verifier fuzzing lives in tests/test_tasks.py.
+
+Every run here is tiny. A persistent XLA compilation cache (a fresh
+directory per session, also handed to the subprocesses) makes the second and
+later compiles of the same program a file read; it changes no numerics (the
+cached executable is the one that was compiled).
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+import pytest
+
+from cbs_jax import checkpoint as ckpt_lib
+from cbs_jax import config as config_lib
+from cbs_jax import metrics as metrics_lib
+from cbs_jax import model as model_lib
+from cbs_jax import sft as sft_lib
+from cbs_jax import sweep
+from cbs_jax import tasks
+from cbs_jax import train
+from cbs_jax.tasks import arithmetic
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_CACHE_OPTS = {"jax_compilation_cache_dir": None,
+               "jax_persistent_cache_min_compile_time_secs": 0.0,
+               "jax_persistent_cache_min_entry_size_bytes": 0}
+
+
+# --------------------------------------------------------------------- helpers
+
+@pytest.fixture(scope="module", autouse=True)
+def compile_cache(tmp_path_factory):
+  """A persistent compilation cache for this module (restored afterwards)."""
+  cache_dir = str(tmp_path_factory.mktemp("jax_cache"))
+  try:
+    from jax._src import compilation_cache as cc
+  except ImportError:  # private module moved: tests still run, only slower
+    cc = None
+  old = {k: getattr(jax.config, k) for k in _CACHE_OPTS}
+  new = dict(_CACHE_OPTS, jax_compilation_cache_dir=cache_dir)
+  for k, v in new.items():
+    jax.config.update(k, v)
+  if cc is not None:
+    cc.reset_cache()  # the "is the cache used" decision is taken once per process
+  yield cache_dir
+  for k, v in old.items():
+    jax.config.update(k, v)
+  if cc is not None:
+    cc.reset_cache()
+
+
+def subprocess_env(cache_dir):
+  env = dict(os.environ)
+  env.update(JAX_COMPILATION_CACHE_DIR=cache_dir,
+             JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+             JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0",
+             JAX_PLATFORMS=env.get("JAX_PLATFORMS", "cpu"))
+  return env
+
+
+TIME_KEY = re.compile(r"seconds|_per_s$|time|wall")
+
+
+def strip_time(x):
+  """Drop wall-clock fields (gen_seconds, update_seconds, tokens_per_s, ...)."""
+  if isinstance(x, dict):
+    return {k: strip_time(v) for k, v in x.items() if not TIME_KEY.search(k)}
+  if isinstance(x, list):
+    return [strip_time(v) for v in x]
+  return x
+
+
+def canon(x):
+  """JSON text of x (sorted keys): compares NaN equal to NaN, as a file would."""
+  return json.dumps(x, sort_keys=True, default=float)
+
+
+def read_rows(workdir):
+  return metrics_lib.read_jsonl(os.path.join(workdir, "metrics.jsonl"))
+
+
+def listing(d):
+  """Every file and directory under d with (size, mtime_ns): any write shows."""
+  out = {}
+  for base, dirs, files in os.walk(d):
+    for name in dirs + files:
+      p = os.path.join(base, name)
+      st = os.stat(p)
+      out[os.path.relpath(p, d)] = (st.st_size if name in files else None, st.st_mtime_ns)
+  return out
+
+
+def load_state(workdir, step=None):
+  """(step, state pytree) of a workdir's checkpoint, read directly with orbax."""
+  mgr = ocp.CheckpointManager(os.path.join(workdir, "checkpoints"))
+  try:
+    step = mgr.latest_step() if step is None else step
+    out = mgr.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(),
+                                                    meta=ocp.args.JsonRestore()))
+    return step, jax.tree.map(np.asarray, out["state"]), out["meta"]
+  finally:
+    mgr.close()
+
+
+def assert_trees_equal(a, b):
+  la, ta = jax.tree.flatten_with_path(a)[0], jax.tree.structure(a)
+  lb, tb = jax.tree.flatten_with_path(b)[0], jax.tree.structure(b)
+  assert ta == tb
+  for (path, x), (_, y) in zip(la, lb):
+    assert x.dtype == y.dtype and x.shape == y.shape, path
+    assert np.array_equal(x, y, equal_nan=True), jax.tree_util.keystr(path)
+
+
+class FirstDigitOne(arithmetic.ArithmeticTask):
+  """Reward 1 iff the completion starts with '1': learnable in a few updates,
+  so gradients are non-zero and parameters really move."""
+
+  def verify(self, problem, completion):
+    return float(completion.startswith("1"))
+
+
+P_TINY = 8  # prompts per round; SFT batch (16) and eval set (32) differ from it,
+            # so a task can tell the trainer's per-round draws apart
+
+
+def tiny_config(**over):
+  c = config_lib.base_config()
+  c.task.name = "first_digit_one"
+  c.model.d_model, c.model.d_ff = 32, 64
+  c.sft.steps, c.sft.batch_size, c.sft.eval_every = 5, 16, 0
+  c.batch.num_prompts, c.batch.rollouts_per_prompt = P_TINY, 8
+  c.optim.lr, c.optim.ref_batch, c.optim.warmup_steps = 3e-3, 64, 0
+  c.train.num_rounds, c.train.eval_every, c.train.eval_prompts = 4, 0, 32
+  c.train.checkpoint_every = 2
+  c.train.progress = False
+  for k, v in over.items():
+    node = c
+    *parents, leaf = k.split("__")
+    for p in parents:
+      node = node[p]
+    node[leaf] = v
+  return c
+
+
+@pytest.fixture
+def easy_task(monkeypatch):
+  monkeypatch.setitem(tasks.TASKS, "first_digit_one", FirstDigitOne)
+
+
+# ------------------------------------------------------- 1. preemption (SIGKILL)
+
+PREEMPT_FLAGS = ("--config.train.checkpoint_every=2", "--config.train.eval_every=4",
+                 # 1-digit sums with a sharper SFT base: rewards are mixed, so
+                 # gradients (and the parameters) really change every round
+                 "--config.task.kwargs.max_digits=1", "--config.sft.steps=60",
+                 "--config.sft.lr=1e-2")
+
+
+def main_cmd(workdir, num_rounds, extra=()):
+  return [sys.executable, "-m", "cbs_jax.main", "--config=configs/default.py:smoke",
+          f"--workdir={workdir}", f"--config.train.num_rounds={num_rounds}",
+          *PREEMPT_FLAGS, *extra]
+
+
+def run_to_end(cmd, env, log):
+  with open(log, "w") as f:
+    r = subprocess.run(cmd, cwd=ROOT, env=env, stdout=f, stderr=subprocess.STDOUT,
+                       timeout=600)
+  text = open(log).read()
+  assert r.returncode == 0, text[-3000:]
+  return text
+
+
+def run_and_kill(cmd, env, workdir, kill_at_round, log):
+  """Start cmd; SIGKILL it once metrics.jsonl shows round >= kill_at_round.
+
+  Returns True if the kill landed mid-run, False if the run finished first.
+  """
+  with open(log, "w") as f:
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=f, stderr=subprocess.STDOUT)
+  deadline = time.time() + 300
+  try:
+    while proc.poll() is None and time.time() < deadline:
+      rows = read_rows(workdir)
+      if rows and rows[-1].get("round", -1) >= kill_at_round:
+        os.kill(proc.pid, signal.SIGKILL)
+        break
+      time.sleep(0.005)
+    else:
+      if proc.poll() is None:
+        raise AssertionError("run did not reach round %d in 300 s:\n%s"
+                             % (kill_at_round, open(log).read()[-3000:]))
+  finally:
+    if proc.poll() is None and time.time() >= deadline:
+      proc.kill()
+    proc.wait()
+  if proc.returncode == -signal.SIGKILL:
+    assert not os.path.exists(os.path.join(workdir, "summary.json"))
+    return True
+  assert proc.returncode == 0, open(log).read()[-3000:]
+  return False
+
+
+@pytest.mark.parametrize("extra", [(), ("--config.batch.staleness=1",
+                                        "--config.batch.num_epochs=2")],
+                         ids=["on_policy", "stale_reused"])
+def test_sigkill_mid_run_then_restart_equals_uninterrupted_run(extra, tmp_path,
+                                                               compile_cache):
+  env = subprocess_env(compile_cache)
+  kills = (3, 9)  # two preemptions; the second one interrupts the resumed run
+  for attempt in range(3):
+    num_rounds = 24 * 2 ** attempt
+    wd = str(tmp_path / f"killed{attempt}")
+    landed = []
+    for i, at in enumerate(kills):
+      landed.append(run_and_kill(main_cmd(wd, num_rounds, extra), env, wd, at,
+                                 str(tmp_path / f"kill{attempt}_{i}.log")))
+      if not landed[-1]:
+        break
+    if all(landed):
+      break  # else the run outpaced the kill: more rounds, fresh workdir
+  else:
+    pytest.fail("could not kill the run before it finished in 3 attempts")
+  # what the kills left behind: rows past the last checkpoint may exist
+  assert os.path.exists(os.path.join(wd, "checkpoints"))
+  log = run_to_end(main_cmd(wd, num_rounds, extra), env, str(tmp_path / "resume.log"))
+  printed = [json.loads(l)["round"] for l in log.splitlines() if l.startswith('{"round"')]
+  assert printed and printed[0] > kills[-1] - 2, printed  # it resumed, did not restart
+  ref = str(tmp_path / "reference")
+  run_to_end(main_cmd(ref, num_rounds, extra), env, str(tmp_path / "ref.log"))
+
+  rows, ref_rows = read_rows(wd), read_rows(ref)
+  assert [r["round"] for r in rows] == list(range(num_rounds + 1))  # none lost or doubled
+  assert [r["round"] for r in ref_rows] == list(range(num_rounds + 1))
+  assert any(r.get("grad_norm") for r in ref_rows), "vacuous: parameters never moved"
+  assert strip_time(rows) == strip_time(ref_rows)
+  s = json.load(open(os.path.join(wd, "summary.json")))
+  s_ref = json.load(open(os.path.join(ref, "summary.json")))
+  assert canon(strip_time(s)) == canon(strip_time(s_ref))
+  assert s["rounds"] == num_rounds and s["skipped_updates"] == 0
+  step, state, meta = load_state(wd)
+  step_ref, state_ref, meta_ref = load_state(ref)
+  assert step == step_ref == num_rounds
+  assert_trees_equal(state, state_ref)  # params, Adam moments, behaviour history
+  assert canon(strip_time(meta)) == canon(strip_time(meta_ref))
+
+
+# ---------------------------------------------------------------- 2. determinism
+
+def test_same_config_and_seed_give_identical_runs(easy_task, tmp_path):
+  over = dict(batch__num_minibatches=2, batch__num_epochs=2, batch__staleness=1,
+              noise__exact_every=2, noise__chunk_prompts=2, train__eval_every=2)
+  runs = []
+  for name in ("a", "b"):
+    wd = str(tmp_path / name)
+    summary = train.train_and_evaluate(tiny_config(**over), wd)
+    runs.append((wd, summary))
+  (wa, sa), (wb, sb) = runs
+  ra, rb = read_rows(wa), read_rows(wb)
+  assert [r["round"] for r in ra] == [0, 1, 2, 3, 4]
+  assert "noise_exact/g2" in ra[1] and "eval_pass_rate" in ra[2]
+  assert len(ra[1]["kappa_k3_by_update"]) == 4
+  assert any(r.get("grad_norm") for r in ra[1:])
+  assert strip_time(ra) == strip_time(rb)
+  assert canon(strip_time(sa)) == canon(strip_time(sb))
+  assert_trees_equal(load_state(wa)[1], load_state(wb)[1])
+  # ... and a different seed really gives a different run (the check has teeth)
+  sc = train.train_and_evaluate(tiny_config(seed=1, **over), str(tmp_path / "c"))
+  assert strip_time(read_rows(str(tmp_path / "c"))) != strip_time(ra)
+  del sc
+
+
+# ------------------------------------------------------ 3. non-finite updates
+
+class NaNRewards(FirstDigitOne):
+  """The first prompt of chosen training rounds gets reward NaN (all K
+  rollouts), so GRPO advantages of that group -- and the loss -- are NaN.
+  Training rounds are told apart by their draw size (P_TINY)."""
+
+  poison_rounds: frozenset = frozenset()
+
+  # (no __init__ override: make_task reads the constructor's keyword names)
+  def sample(self, rng, n):
+    problems = super().sample(rng, n)
+    if n == P_TINY:
+      self.train_draws = getattr(self, "train_draws", 0) + 1
+      if self.train_draws in self.poison_rounds:
+        # kept alive in the list, so identity checks stay unambiguous
+        self.poisoned = getattr(self, "poisoned", []) + [problems[0]]
+    return problems
+
+  def verify(self, problem, completion):
+    if any(problem is p for p in getattr(self, "poisoned", ())):
+      return float("nan")
+    return super().verify(problem, completion)
+
+
+def nan_task(monkeypatch, rounds):
+  cls = type("NaNRewardsAt", (NaNRewards,), {"poison_rounds": frozenset(rounds)})
+  monkeypatch.setitem(tasks.TASKS, "nan_rewards", cls)
+
+
+def test_persistent_nan_loss_skips_updates_then_stops_naming_round(monkeypatch, tmp_path):
+  nan_task(monkeypatch, range(3, 100))
+  c = tiny_config(task__name="nan_rewards", train__num_rounds=8,
+                  train__max_consecutive_nonfinite=3)
+  assert c.sft.batch_size != P_TINY != c.train.eval_prompts
+  wd = str(tmp_path)
+  with pytest.raises(train.NonFiniteError) as err:
+    train.train_and_evaluate(c, wd)
+  msg = str(err.value)
+  assert "3 consecutive non-finite" in msg
+  assert "round 5" in msg and "update 1" in msg, msg
+  rows = read_rows(wd)
+  assert [r["round"] for r in rows] == [0, 1, 2, 3, 4]  # round 5 raised before its row
+  assert [r["skipped_updates"] for r in rows[1:]] == [0, 0, 1, 2]
+  assert rows[2]["loss"] is not None and rows[3]["loss"] is None  # NaN is written as null
+  assert rows[3]["reward_mean"] is None
+  assert not os.path.exists(os.path.join(wd, "summary.json"))
+  # the skipped updates left every parameter and Adam moment untouched
+  _, s2, m2 = load_state(wd, 2)
+  _, s4, m4 = load_state(wd, 4)
+  assert_trees_equal(s2, s4)
+  assert m4["skipped_updates"] == 2 and m4["consecutive_nonfinite"] == 2
+
+
+def test_single_nan_round_is_skipped_and_training_continues(monkeypatch, tmp_path):
+  nan_task(monkeypatch, {3})
+  c = tiny_config(task__name="nan_rewards", train__num_rounds=6,
+                  train__max_consecutive_nonfinite=2)
+  wd = str(tmp_path)
+  summary = train.train_and_evaluate(c, wd)
+  rows = read_rows(wd)
+  assert [r["skipped_updates"] for r in rows[1:]] == [0, 0, 1, 1, 1, 1]
+  assert rows[3]["loss"] is None and rows[3]["grad_norm"] is None
+  for r in rows[4:]:  # optimizer state was not poisoned: later updates are finite
+    assert r["loss"] is not None and np.isfinite(r["loss"]) and np.isfinite(r["grad_norm"])
+  assert any(r["grad_norm"] > 0 for r in rows[4:])
+  assert summary["skipped_updates"] == 1 and summary["rounds"] == 6
+  # the noise tracker skipped the NaN estimate instead of absorbing it
+  assert rows[3].get("noise_ema/flag", "").startswith("non-finite") or \
+      rows[3].get("noise_ema/g2") is not None
+  assert all(r["noise_ema/g2"] is not None for r in rows[4:])
+  _, state, meta = load_state(wd)
+  assert all(np.all(np.isfinite(x)) for x in jax.tree.leaves(state))
+  assert meta["consecutive_nonfinite"] == 0
+
+
+# ------------------------------------------------------------------ 4. configs
+
+def _ppo_no_value_head(c):
+  c.rl.algo = "ppo"
+
+
+def _odd_split(c):
+  c.batch.num_prompts, c.batch.num_minibatches = 6, 2  # 3 prompts per update
+
+
+def _chunk_not_dividing(c):
+  c.noise.exact_every, c.noise.chunk_prompts = 1, 3
+
+
+def _odd_head_dim(c):
+  c.model.d_model, c.model.num_heads, c.model.num_kv_heads = 20, 4, 2
+
+
+# fields range-checked inline in config.validate (not in a module-level table)
+_POSITIVE_FLOATS = ("optim.lr", "sft.lr", "sampling.temperature", "train.eval_temperature",
+                    "rl.clip_eps_low", "rl.clip_eps_high", "optim.eps", "rl.adv_eps")
+_UNIT_INTERVAL = ("optim.b1", "optim.b2", "rl.gamma", "rl.lam", "sft.label_noise")
+_MODEL_INTS = ("vocab_size", "d_model", "num_layers", "num_heads", "num_kv_heads",
+               "d_ff", "max_len")
+
+BAD_FIELDS = (
+    [("task.name", "nope")]
+    + [(f, "nope") for f in config_lib._CHOICES]
+    + [(f, 0) for f in config_lib._POSITIVE]
+    + [(f, -1) for f in config_lib._POSITIVE]
+    + [(f, True) for f in config_lib._POSITIVE]  # bools pass type-safe int assignment
+    + [(f, -1) for f in config_lib._NON_NEGATIVE]
+    + [(f, 0.0) for f in _POSITIVE_FLOATS]
+    + [(f, float("nan")) for f in _POSITIVE_FLOATS]
+    + [(f, 1.5) for f in _UNIT_INTERVAL] + [(f, -0.1) for f in _UNIT_INTERVAL]
+    + [("sampling.top_p", 0.0), ("sampling.top_p", 1.5), ("sampling.top_p", float("nan")),
+       ("noise.ema_decay", 1.0), ("noise.ema_decay", -0.5),
+       ("rl.clip_eps_low", 1.0), ("rl.clip_c", 0.5), ("rl.clip_c", 1.0),
+       ("optim.weight_decay", float("nan"))]
+    + [(f"model.{f}", 0) for f in _MODEL_INTS]
+    + [("model.num_heads", 3), ("model.num_kv_heads", 3), ("model.dtype", "float16"),
+       ("model.rope_theta", 0.0)]
+)
+BAD_CONSISTENCY = [  # (what, mutate, fields the message must name)
+    ("grpo needs K >= 2", lambda c: setattr(c.batch, "rollouts_per_prompt", 1),
+     ["batch.rollouts_per_prompt"]),
+    ("minibatches must divide prompts", lambda c: setattr(c.batch, "num_minibatches", 3),
+     ["batch.num_minibatches", "batch.num_prompts"]),
+    ("split needs even halves", _odd_split, ["noise.split_every"]),
+    ("chunk must divide prompts", _chunk_not_dividing, ["noise.chunk_prompts"]),
+    ("ppo needs a value head", _ppo_no_value_head, ["rl.algo", "model.value_head"]),
+    ("rope needs an even head dim", _odd_head_dim, ["model.d_model", "model.num_heads"]),
+]
+
+
+def _set(c, dotted, value):
+  *parents, leaf = dotted.split(".")
+  for p in parents:
+    c = c[p]
+  c[leaf] = value
+
+
+def test_config_table_covers_every_checked_field():
+  covered = {f for f, _ in BAD_FIELDS}
+  checked = (set(config_lib._CHOICES) | set(config_lib._POSITIVE)
+             | set(config_lib._NON_NEGATIVE) | set(_POSITIVE_FLOATS) | set(_UNIT_INTERVAL)
+             | {"task.name", "sampling.top_p", "noise.ema_decay", "rl.clip_c"}
+             | {f"model.{f}" for f in _MODEL_INTS + ("dtype", "rope_theta")})
+  assert checked <= covered, checked - covered
+  config_lib.validate(config_lib.base_config())  # the defaults themselves are valid
+
+
+@pytest.mark.parametrize("field,value", BAD_FIELDS, ids=lambda x: str(x))
+def test_validate_names_the_bad_field(field, value):
+  c = config_lib.base_config()
+  _set(c, field, value)
+  with pytest.raises(ValueError) as err:
+    config_lib.validate(c)
+  assert f"config.{field}" in str(err.value), str(err.value)
+
+
+@pytest.mark.parametrize("what,mutate,fields", BAD_CONSISTENCY,
+                         ids=[w for w, _, _ in BAD_CONSISTENCY])
+def test_validate_names_fields_of_inconsistent_settings(what, mutate, fields):
+  c = config_lib.base_config()
+  mutate(c)
+  with pytest.raises(ValueError) as err:
+    config_lib.validate(c)
+  for f in fields:
+    assert f"config.{f}" in str(err.value), (what, str(err.value))
+
+
+def test_prepare_names_task_fields(tmp_path):
+  c = config_lib.base_config()
+  c.model.max_len = 8  # shorter than prompt + completion of 3-digit arithmetic
+  with pytest.raises(ValueError, match=r"config\.model\.max_len"):
+    train.prepare(c)
+  c = config_lib.base_config()
+  c.task.kwargs.max_digits = 0
+  with pytest.raises(ValueError, match="max_digits"):
+    train.prepare(c)
+
+
+@pytest.mark.parametrize("field,value", [
+    ("batch.num_prompts", "8"), ("batch.num_prompts", 8.5), ("model.d_model", "64"),
+    ("optim.lr", "fast"), ("rl.loss", 3), ("train.progress", 1), ("seed", [0])])
+def test_wrong_type_is_a_type_error_naming_the_field(field, value):
+  c = config_lib.base_config()
+  with pytest.raises(TypeError, match=field.split(".")[-1]):
+    _set(c, field, value)
+
+
+def test_unknown_field_is_an_error_naming_it():
+  c = config_lib.base_config()
+  with pytest.raises(AttributeError, match="clip_eps"):
+    c.rl.clip_eps = 10.0
+
+
+@pytest.mark.xfail(strict=False, reason=(
+    "config.validate compares None with 0 (TypeError without the field's name); "
+    "ml_collections' type-safe assignment lets None into any field"))
+@pytest.mark.parametrize("field", ["batch.num_prompts", "optim.lr", "sampling.top_p"])
+def test_none_in_a_numeric_field_is_a_value_error_naming_it(field):
+  c = config_lib.base_config()
+  _set(c, field, None)
+  with pytest.raises(ValueError, match=re.escape(f"config.{field}")):
+    config_lib.validate(c)
+
+
+# --------------------------------------------------------------- 6. checkpoints
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory, compile_cache):
+  """A finished tiny run (checkpoints at rounds 2 and 4) to copy and corrupt."""
+  wd = str(tmp_path_factory.mktemp("finished") / "run")
+  mp = pytest.MonkeyPatch()
+  mp.setitem(tasks.TASKS, "first_digit_one", FirstDigitOne)
+  try:
+    train.train_and_evaluate(tiny_config(), wd)
+  finally:
+    mp.undo()
+  assert sorted(os.listdir(os.path.join(wd, "checkpoints")), key=int) == ["2", "4"]
+  return wd
+
+
+def _meta_garbage(wd):
+  with open(os.path.join(wd, "checkpoints/4/meta/metadata"), "w") as f:
+    f.write('{"round": 4, "st')  # torn JSON
+  return "checkpoints/4"
+
+
+def _meta_empty(wd):
+  open(os.path.join(wd, "checkpoints/4/meta/metadata"), "w").close()
+  return "checkpoints/4"
+
+
+def _state_truncated(wd):
+  d = os.path.join(wd, "checkpoints/4/state/ocdbt.process_0/d")
+  for f in os.listdir(d):
+    p = os.path.join(d, f)
+    os.truncate(p, os.path.getsize(p) // 2)
+  return "checkpoints/4"
+
+
+def _state_metadata_deleted(wd):
+  os.remove(os.path.join(wd, "checkpoints/4/state/_METADATA"))
+  return "checkpoints/4"
+
+
+def _state_manifest_deleted(wd):
+  os.remove(os.path.join(wd, "checkpoints/4/state/manifest.ocdbt"))
+  return "checkpoints/4"
+
+
+def _state_dir_deleted(wd):
+  shutil.rmtree(os.path.join(wd, "checkpoints/4/state"))
+  return "checkpoints/4"
+
+
+def _sft_meta_garbage(wd):
+  d = os.path.join(wd, "sft_base/checkpoints")
+  step = max(os.listdir(d), key=int)
+  with open(os.path.join(d, step, "meta/metadata"), "w") as f:
+    f.write("\x00garbage")
+  return f"sft_base/checkpoints/{step}"
+
+
+@pytest.mark.parametrize("corrupt", [_meta_garbage, _meta_empty, _state_truncated,
+                                     _state_metadata_deleted, _state_manifest_deleted,
+                                     _state_dir_deleted, _sft_meta_garbage],
+                         ids=lambda f: f.__name__.strip("_"))
+def test_corrupted_checkpoint_is_a_clear_error_and_nothing_is_touched(
+    corrupt, finished_run, easy_task, tmp_path):
+  wd = str(tmp_path / "run")
+  shutil.copytree(finished_run, wd)
+  bad = os.path.join(wd, corrupt(wd))
+  before = listing(wd)
+  with pytest.raises(ckpt_lib.CheckpointError) as err:  # a ValueError
+    train.train_and_evaluate(tiny_config(train__num_rounds=6), wd)
+  assert bad in str(err.value), str(err.value)[:500]
+  assert listing(wd) == before  # nothing deleted, rewritten or added
+
+
+@pytest.fixture
+def no_compile(monkeypatch):
+  """Fail if a run gets as far as building a model."""
+  def boom(*a, **k):
+    raise AssertionError("the run built a model before failing on its workdir")
+  monkeypatch.setattr(model_lib, "build", boom)
+  monkeypatch.setattr(sft_lib, "train_sft", boom)
+
+
+def test_workdir_under_a_regular_file_fails_before_compiling(easy_task, no_compile,
+                                                             tmp_path):
+  afile = tmp_path / "afile"
+  afile.write_text("not a directory")
+  wd = str(afile / "sub")  # cannot be created, even by root
+  with pytest.raises(OSError) as err:
+    train.train_and_evaluate(tiny_config(), wd)
+  assert str(afile) in str(err.value), str(err.value)
+  assert afile.read_text() == "not a directory"
+
+
+def test_read_only_workdir_parent_fails_before_compiling(easy_task, no_compile, tmp_path):
+  parent = tmp_path / "ro"
+  parent.mkdir()
+  parent.chmod(0o500)
+  try:
+    probe = parent / "probe"
+    try:
+      probe.mkdir()
+      probe.rmdir()
+      pytest.skip("running as root: chmod does not stop writes (see the test above)")
+    except PermissionError:
+      pass
+    with pytest.raises(OSError) as err:
+      train.train_and_evaluate(tiny_config(), str(parent / "run"))
+    assert str(parent) in str(err.value), str(err.value)
+  finally:
+    parent.chmod(0o700)
+
+
+# --------------------------------------------------------------------- 7. sweep
+
+class InterruptibleTask(FirstDigitOne):
+  """Raises KeyboardInterrupt when it is asked for training round
+  ``interrupt_at`` (class-level, one-shot): a Ctrl-C in the middle of a run."""
+
+  interrupt_at = None
+
+  def sample(self, rng, n):
+    if n == P_TINY:
+      self.train_draws = getattr(self, "train_draws", 0) + 1
+      if type(self).interrupt_at == self.train_draws:
+        type(self).interrupt_at = None
+        raise KeyboardInterrupt
+    return super().sample(rng, n)
+
+
+def test_interrupted_sweep_resumes_without_redoing_or_losing_runs(monkeypatch, tmp_path):
+  monkeypatch.setitem(tasks.TASKS, "interruptible", InterruptibleTask)
+  monkeypatch.setattr(InterruptibleTask, "interrupt_at", None)
+  base = tiny_config(task__name="interruptible")
+  overrides = [{"optim.lr": lr} for lr in (1e-3, 2e-3, 3e-3)]
+  root = str(tmp_path / "sweep")
+  calls = []
+
+  def run_fn(config, workdir):
+    calls.append(os.path.basename(workdir))
+    if len(calls) == 2:  # the second run is interrupted after its round-2 checkpoint
+      InterruptibleTask.interrupt_at = 3
+    return train.train_and_evaluate(config, workdir)
+
+  with pytest.raises(KeyboardInterrupt):
+    sweep.run_sweep(base, overrides, root, run_fn=run_fn, progress=False)
+  names = [sweep.run_name(o) for o in overrides]
+  assert names == ["optim.lr=0.001", "optim.lr=0.002", "optim.lr=0.003"]
+  assert calls == names[:2]
+  rows = sweep.read_results(root)
+  assert [r["name"] for r in rows] == names[:1]  # the finished run's result is kept
+  second = os.path.join(root, names[1])
+  assert os.path.exists(os.path.join(second, "config.json"))
+  assert not os.path.exists(os.path.join(second, "summary.json"))
+  assert [r["round"] for r in read_rows(second)] == [0, 1, 2]
+  first_listing = listing(os.path.join(root, names[0]))
+
+  calls.clear()
+  out = sweep.run_sweep(base, overrides, root, run_fn=run_fn, progress=False)
+  assert calls == names[1:]  # the finished first run was not redone ...
+  assert listing(os.path.join(root, names[0])) == first_listing  # ... nor touched
+  rows = sweep.read_results(root)
+  assert [r["name"] for r in rows] == names
+  assert [r["overrides"] for r in rows] == overrides
+  assert canon(rows) == canon(out)
+  for r in rows:
+    assert r["summary"]["rounds"] == 4 and r["summary"]["optimizer_steps"] == 4
+  # the interrupted run resumed from its checkpoint: no round lost or doubled
+  assert [r["round"] for r in read_rows(second)] == [0, 1, 2, 3, 4]
+
+  # a third call finds everything done: nothing runs, nothing changes
+  calls.clear()
+  before = listing(root)
+  again = sweep.run_sweep(base, overrides, root, run_fn=run_fn, progress=False)
+  assert calls == [] and canon(again) == canon(rows)
+  after = listing(root)
+  assert {k: v for k, v in after.items() if k != "results.jsonl"} == \
+      {k: v for k, v in before.items() if k != "results.jsonl"}
+  assert canon(sweep.read_results(root)) == canon(rows)
+
+  # a different config under the same names is refused, naming the field
+  other = tiny_config(task__name="interruptible", train__num_rounds=5)
+  with pytest.raises(ValueError, match=r"train\.num_rounds"):
+    sweep.run_sweep(other, overrides, root, run_fn=run_fn, progress=False)
+  assert calls == [] and listing(root) == after
+
+
+def test_sweep_rejects_unknown_or_mistyped_fields_before_running(tmp_path):
+  base = config_lib.base_config()
+  ran = []
+  run_fn = lambda c, w: ran.append(w)
+  with pytest.raises(ValueError, match=r"batch\.num_promts"):
+    sweep.run_sweep(base, [{"batch.num_prompts": 8}, {"batch.num_promts": 8}],
+                    str(tmp_path / "a"), run_fn=run_fn, progress=False)
+  with pytest.raises(ValueError, match="nope.lr"):
+    sweep.run_sweep(base, [{"nope.lr": 1.0}], str(tmp_path / "b"), run_fn=run_fn,
+                    progress=False)
+  with pytest.raises(TypeError, match=r"batch\.num_prompts"):
+    sweep.run_sweep(base, [{"batch.num_prompts": "8"}], str(tmp_path / "c"),
+                    run_fn=run_fn, progress=False)
+  with pytest.raises(ValueError, match=r"config\.optim\.lr"):  # validated up front
+    sweep.run_sweep(base, [{"optim.lr": 1e-3}, {"optim.lr": -1.0}], str(tmp_path / "d"),
+                    run_fn=run_fn, progress=False)
+  assert ran == [] and not any(os.path.exists(tmp_path / x) for x in "abcd")
+
+
+def test_sweep_names_are_filesystem_safe_and_distinct():
+  assert sweep.run_name({}) == "base"
+  n = sweep.run_name({"task.kwargs.ops": "+-*/", "model.dtype": "a b/c"})
+  assert "/" not in n and " " not in n and n == re.sub(r"[^A-Za-z0-9._=+-]", "", n)
+  long = sweep.run_name({f"f{i}": "x" * 40 for i in range(10)})
+  assert len(long) <= 120
+  assert long != sweep.run_name({f"f{i}": "x" * 40 for i in range(9)} | {"f9": "y"})
+  assert sweep.grid({"a": [1, 2], "b": [3, 4, 5]})[:2] == [{"a": 1, "b": 3}, {"a": 1, "b": 4}]
+  assert len(sweep.grid({"a": [1, 2], "b": [3, 4, 5], "c": 7})) == 6
+
+
+def test_sweep_cli_runs_the_grid(tmp_path, compile_cache):
+  root = str(tmp_path / "sweep")
+  cmd = [sys.executable, "-m", "cbs_jax.sweep", "--config=configs/default.py:smoke",
+         f"--workdir={root}", '--sweep={"seed": [0, 1]}', "--config.train.num_rounds=2",
+         "--config.sft.steps=5", "--config.train.eval_prompts=16"]
+  r = subprocess.run(cmd, cwd=ROOT, env=subprocess_env(compile_cache), capture_output=True,
+                     text=True, timeout=600)
+  assert r.returncode == 0, r.stderr[-3000:]
+  rows = sweep.read_results(root)
+  assert [x["name"] for x in rows] == ["seed=0", "seed=1"]
+  assert all(x["summary"]["rounds"] == 2 for x in rows)
+  stored = json.load(open(os.path.join(root, "seed=1", "config.json")))
+  assert stored["seed"] == 1 and stored["train"]["num_rounds"] == 2
+  bad = subprocess.run(cmd[:-4] + ['--sweep={"batch.num_promts": [8]}'], cwd=ROOT,
+                       env=subprocess_env(compile_cache), capture_output=True, text=True,
+                       timeout=600)
+  assert bad.returncode != 0 and "batch.num_promts" in bad.stderr
