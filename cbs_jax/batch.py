@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+
 LR_RULES = ("constant", "sqrt", "linear")
 
 
@@ -27,3 +29,36 @@ def lr_scale(rule: str, n: int, ref: int) -> float:
 def warmup(step: int, warmup_steps: int) -> float:
   """Linear warmup factor for optimizer step ``step`` (0-based)."""
   return 1.0 if warmup_steps <= 0 else min(1.0, (step + 1) / warmup_steps)
+
+
+def steps_to_target(steps, values, target: float) -> float | None:
+  """First step at which ``values`` reaches ``target``, linearly interpolated
+  between the two evaluations around the crossing; None if never reached."""
+  prev = None
+  for s, v in zip(steps, values):
+    if v is None:
+      continue
+    if v >= target:
+      if prev is None or prev[1] >= target:
+        return float(s)
+      (s0, v0) = prev
+      return float(s0 + (target - v0) * (s - s0) / (v - v0))
+    prev = (s, v)
+  return None
+
+
+def fit_critical_batch(batch_sizes, steps) -> dict:
+  """Fit S(N) = S_min (1 + B_crit / N) (McCandlish et al. 2018) by least squares
+  on S = a + b/N; returns S_min = a, B_crit = b/a, E_min = S_min * B_crit and
+  R^2. Equivalent to (S/S_min - 1)(E/E_min - 1) = 1 with E = N S."""
+  n = np.asarray(batch_sizes, np.float64)
+  s = np.asarray(steps, np.float64)
+  if n.size < 2 or np.unique(n).size < 2:
+    raise ValueError(f"need steps at >= 2 distinct batch sizes, got {n.tolist()}")
+  A = np.stack([np.ones_like(n), 1.0 / n], axis=1)
+  (a, b), *_ = np.linalg.lstsq(A, s, rcond=None)
+  resid = s - A @ np.array([a, b])
+  ss_tot = float(np.sum((s - s.mean()) ** 2))
+  r2 = 1.0 - float(np.sum(resid ** 2)) / ss_tot if ss_tot > 0 else float("nan")
+  b_crit = b / a if a > 0 else float("nan")
+  return dict(S_min=float(a), B_crit=float(b_crit), E_min=float(a * b_crit), r2=r2)

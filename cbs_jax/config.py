@@ -88,6 +88,7 @@ def base_config() -> ConfigDict:
   c.train.eval_prompts = 512       # held-out prompts for pass@1
   c.train.eval_seed = 12345        # seed of the held-out prompt set
   c.train.eval_temperature = 1.0   # pass@1 sampling temperature
+  c.train.stop_at_pass_rate = 0.0  # stop once eval pass@1 reaches this (0 = off; sweeps to a target)
   c.train.checkpoint_every = 10    # rounds between checkpoints (the last round always saved)
   c.train.max_consecutive_nonfinite = 3  # stop after this many skipped updates in a row
   c.train.progress = True          # console progress bar
@@ -152,6 +153,9 @@ def validate(c: ConfigDict) -> None:
     v = _get(c, field)
     if not v > 0:
       raise ValueError(f"config.{field} must be > 0, got {v!r}")
+  if not 0.0 <= c.train.stop_at_pass_rate <= 1.0:
+    raise ValueError(f"config.train.stop_at_pass_rate must be in [0, 1], got "
+                     f"{c.train.stop_at_pass_rate!r}")
   if not 0.0 < c.sampling.top_p <= 1.0:
     raise ValueError(f"config.sampling.top_p must be in (0, 1], got {c.sampling.top_p!r}")
   for field in ("optim.b1", "optim.b2", "rl.gamma", "rl.lam", "sft.label_noise"):

@@ -250,7 +250,8 @@ def _train_rl(config, workdir, setup):
     writer.write({"round": 0, "rollouts_seen": 0, "eval_pass_rate": meta["base_pass_rate"]})
   leaf_groups = [gradstats.param_group(p) for p in gradstats.leaf_paths(base_params)]
   interactive = c.train.progress
-  bar = tqdm.tqdm(range(start, c.train.num_rounds), initial=start, total=c.train.num_rounds,
+  end = start if meta.get("stopped_at_target") else c.train.num_rounds
+  bar = tqdm.tqdm(range(start, end), initial=start, total=c.train.num_rounds,
                   desc="rl", disable=not interactive, mininterval=1.0)
   last_eval = None
   for rnd in bar:
@@ -350,12 +351,17 @@ def _train_rl(config, workdir, setup):
       print(json.dumps({k: row[k] for k in ("round", "reward_mean", "loss", "entropy")
                         if k in row} | ({"eval_pass_rate": row["eval_pass_rate"]}
                                         if "eval_pass_rate" in row else {})), flush=True)
+    reached = bool(c.train.stop_at_pass_rate) and "eval_pass_rate" in row and \
+        row["eval_pass_rate"] >= c.train.stop_at_pass_rate
     if (c.train.checkpoint_every and r1 % c.train.checkpoint_every == 0) or \
-        r1 == c.train.num_rounds:
+        r1 == c.train.num_rounds or reached:
       meta["round"] = r1
       meta["ema"] = ema.state_dict()
       meta["model"] = model_meta
       ckpt.save(r1, state, meta)
+    if reached:
+      meta["stopped_at_target"] = True
+      break
   bar.close()
   writer.close()
   ckpt.close()
@@ -372,6 +378,7 @@ def _summarise(c, workdir, meta, base_summary, wall):
       final_pass_rate=evals[-1][1] if evals else None,
       rounds=meta["round"], rollouts_seen=meta["rollouts_seen"],
       optimizer_steps=meta["step"], skipped_updates=meta["skipped_updates"],
+      stopped_at_target=meta.get("stopped_at_target", False),
       wall_seconds_this_call=wall,
       gen_seconds=float(sum(r.get("gen_seconds", 0) for r in rows)),
       update_seconds=float(sum(r.get("update_seconds", 0) for r in rows)),

@@ -19,6 +19,8 @@ the paths are timed round-robin (one call of each per repeat) so that load
 from other processes hits all of them alike; median of --repeats:
 
 * plain  ``jax.value_and_grad(objective.batch_loss)``: one training gradient
+  (with the per-token aux the trainer reads; "plain, grad only" drops the
+  loss and aux outputs, to show what they cost)
 * split  ``gradstats.split_grads`` (2 x 2 microbatch grid + SplitMoments)
 * exact  ``gradstats.group_moments`` at ``config.noise.chunk_prompts`` (4),
          and at chunk 1, 2, 16 (the table)
@@ -456,7 +458,12 @@ def main():
   def exact_fn(C):
     return lambda p, b: gradstats.group_moments(p, graphdef, b, P, K, rl_cfg, s_cfg, C)
 
-  paths = {"plain": plain_fn, "split": split_fn}
+  def plain_noaux_fn(p, b):
+    return jax.grad(lambda q: objective.batch_loss(
+        q, graphdef, b, objective.counts_of(b), rl_cfg, s_cfg)[0])(p)
+
+  paths = {"plain": plain_fn, "  plain, grad only (no aux)": plain_noaux_fn,
+           "split": split_fn}
   for C in sorted({C0, 1, 2, 16}):
     paths[f"exact c{C}"] = exact_fn(C)
   paths[f"  vmap-grad only c{C0}"] = lambda p, b: vmap_grad_only(
@@ -530,12 +537,12 @@ def main():
   print("memory: XLA compiled memory_analysis() of each jitted function "
         "(temp = scratch besides args/outputs; loop: one per-rollout step)")
   bmin = min(times["plain"])
-  print(f"{'path':<24} {'ms':>9} {'x plain':>8} {'min ms':>9} {'x (min)':>8} "
+  print(f"{'path':<28} {'ms':>9} {'x plain':>8} {'min ms':>9} {'x (min)':>8} "
         f"{'temp MB':>9} {'arg MB':>7} {'out MB':>7}")
   for name in list(paths) + ["loop"]:
     mm = mem.get(name)
     mb = (lambda k: f"{mm[k] / 2**20:.2f}") if mm else (lambda k: "n/a")
-    print(f"{name:<24} {med[name] * 1e3:>9.1f} {med[name] / base:>8.2f} "
+    print(f"{name:<28} {med[name] * 1e3:>9.1f} {med[name] / base:>8.2f} "
           f"{min(times[name]) * 1e3:>9.1f} {min(times[name]) / bmin:>8.2f} "
           f"{mb('temp'):>9} {mb('arg'):>7} {mb('out'):>7}")
   print(f"ms = median, x plain = median / plain's median; min ms / x (min): the "

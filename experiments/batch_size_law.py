@@ -1,0 +1,138 @@
+"""Batch-size law: samples-indexed learning curves under sqrt lr scaling,
+steps/samples to a target pass rate, the fitted critical batch size, and
+time to target on this machine.
+
+    python experiments/batch_size_law.py                       # P in 4..64 at K=16
+    python experiments/batch_size_law.py --prompts=4,8,16,32,64 --target=0.55
+
+Each run is the default config (same SFT base) at P prompts x K rollouts per
+round, lr = lr0 * sqrt(N / 256) for Adam, stopping once held-out pass@1
+reaches the target (evaluated every ``eval_rollouts`` rollouts). Runs go
+through ``cbs_jax.sweep`` in ``runs/bsz``: an interrupted study resumes and
+redoes no finished run. Fits S(N) = S_min (1 + B_crit / N) and compares
+B_crit with the noise scale measured by experiments/noise_over_training.py.
+Writes experiments/results/batch_size_law.{json,md,png}.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+from absl import app
+from absl import flags
+from absl import logging
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import matplotlib  # noqa: E402
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+
+from cbs_jax import batch as batch_lib  # noqa: E402
+from cbs_jax import metrics as metrics_lib  # noqa: E402
+from cbs_jax import sweep  # noqa: E402
+from configs import default  # noqa: E402
+
+_PROMPTS = flags.DEFINE_list("prompts", ["4", "8", "16", "32", "64"], "P values.")
+_K = flags.DEFINE_integer("rollouts", 16, "K rollouts per prompt.")
+_TARGET = flags.DEFINE_float("target", 0.55, "Held-out pass@1 target.")
+_BUDGET = flags.DEFINE_integer("budget", 400_000, "Max rollouts per run.")
+_EVAL = flags.DEFINE_integer("eval_rollouts", 8192, "Rollouts between evaluations.")
+_ROOT = flags.DEFINE_string("root", "runs/bsz", "Sweep directory.")
+_OUT = flags.DEFINE_string("out", "experiments/results", "Output folder.")
+
+
+def main(argv):
+  del argv
+  logging.set_verbosity(logging.WARNING)
+  K = _K.value
+  base = default.get_config()
+  base.sft.base_dir = os.path.abspath("runs/default/sft_base")  # shared SFT base
+  base.train.stop_at_pass_rate = _TARGET.value
+  base.train.checkpoint_every = 50
+  base.train.progress = False
+  overrides = []
+  for p in map(int, _PROMPTS.value):
+    n = p * K
+    overrides.append({"batch.num_prompts": p, "batch.rollouts_per_prompt": K,
+                      "train.num_rounds": max(1, _BUDGET.value // n),
+                      "train.eval_every": max(1, _EVAL.value // n)})
+  results = sweep.run_sweep(base, overrides, _ROOT.value)
+  rows = []
+  for ov, res in zip(overrides, results):
+    name = sweep.run_name(ov)
+    m = metrics_lib.read_jsonl(os.path.join(_ROOT.value, name, "metrics.jsonl"))
+    n = ov["batch.num_prompts"] * K
+    ev = [(r["round"], r["rollouts_seen"], r["eval_pass_rate"]) for r in m if "eval_pass_rate" in r]
+    s = batch_lib.steps_to_target([e[0] for e in ev], [e[2] for e in ev], _TARGET.value)
+    train_rows = [r for r in m if r["round"] > 0]
+    sec_per_round = float(np.mean([r["gen_seconds"] + r["update_seconds"] for r in train_rows]))
+    gen_tps = float(np.mean([r["tokens_per_s"] for r in train_rows]))
+    rows.append(dict(N=n, P=ov["batch.num_prompts"], K=K, lr=train_rows[-1]["lr"],
+                     steps_to_target=s, samples_to_target=None if s is None else s * n,
+                     seconds_per_round=sec_per_round, gen_tokens_per_s=gen_tps,
+                     rollouts_per_s=n / sec_per_round,
+                     time_to_target_s=None if s is None else s * sec_per_round,
+                     curve=[(e[1], e[2]) for e in ev]))
+  ok = [r for r in rows if r["steps_to_target"] is not None]
+  fit = batch_lib.fit_critical_batch([r["N"] for r in ok], [r["steps_to_target"] for r in ok]) \
+      if len(ok) >= 2 else None
+  noise_path = os.path.join(_OUT.value, "noise_over_training.json")
+  b_noise = None
+  if os.path.exists(noise_path):
+    nz = json.load(open(noise_path))
+    b_noise = {k: (nz[k]["exact"]["b_noise"], nz[k]["exact"]["b_noise_se"]) for k in ("early", "late")}
+  out = dict(target=_TARGET.value, K=K, runs=rows, fit=fit, b_noise_measured=b_noise)
+  os.makedirs(_OUT.value, exist_ok=True)
+  with open(os.path.join(_OUT.value, "batch_size_law.json"), "w") as f:
+    json.dump(out, f, indent=1, default=float)
+
+  L = [f"Target held-out pass@1 {_TARGET.value} (base ~0.40); K = {K}; lr = 3e-4 * sqrt(N/256).", "",
+       "| N (rollouts/round) | P | lr | rounds to target | rollouts to target | s/round | rollouts/s | time to target (s) |",
+       "|---|---|---|---|---|---|---|---|"]
+  f = lambda v, fmt: "not reached" if v is None else format(v, fmt)
+  for r in rows:
+    L.append(f"| {r['N']} | {r['P']} | {r['lr']:.2e} | {f(r['steps_to_target'], '.0f')} | "
+             f"{f(r['samples_to_target'], '.0f')} | {r['seconds_per_round']:.3f} | "
+             f"{r['rollouts_per_s']:.0f} | {f(r['time_to_target_s'], '.0f')} |")
+  if fit:
+    L += ["", f"Fit S(N) = S_min (1 + B_crit/N): S_min = {fit['S_min']:.1f} rounds, "
+              f"B_crit = {fit['B_crit']:.0f} rollouts, E_min = {fit['E_min']:.0f} rollouts, "
+              f"R^2 = {fit['r2']:.3f}."]
+  if b_noise:
+    L.append(f"Measured B_noise at K={K} (noise_over_training): early "
+             f"{b_noise['early'][0]:.0f} ± {b_noise['early'][1]:.0f}, late "
+             f"{b_noise['late'][0]:.0f} ± {b_noise['late'][1]:.0f} rollouts.")
+  text = "\n".join(L) + "\n"
+  with open(os.path.join(_OUT.value, "batch_size_law.md"), "w") as fh:
+    fh.write(text)
+  print(text)
+
+  fig, ax = plt.subplots(1, 3, figsize=(15, 4))
+  for r in rows:
+    c = np.array(r["curve"])
+    ax[0].plot(c[:, 0], c[:, 1], marker=".", label=f"N={r['N']}")
+  ax[0].axhline(_TARGET.value, color="k", lw=0.5)
+  ax[0].set(xlabel="rollouts generated", ylabel="eval pass@1", title="samples-indexed curves (sqrt lr)")
+  ax[0].legend(fontsize=7)
+  if ok:
+    n = np.array([r["N"] for r in ok])
+    s = np.array([r["steps_to_target"] for r in ok])
+    ax[1].loglog(n * s, s, "o", label="runs")
+    if fit:
+      nn = np.geomspace(n.min() / 2, n.max() * 4, 50)
+      ss = fit["S_min"] * (1 + fit["B_crit"] / nn)
+      ax[1].loglog(nn * ss, ss, "-", label=f"fit: B_crit={fit['B_crit']:.0f}")
+    ax[1].set(xlabel="rollouts to target (E)", ylabel="rounds to target (S)", title="S vs E")
+    ax[1].legend(fontsize=7)
+    ax[2].semilogx(n, [r["time_to_target_s"] for r in ok], "o-")
+    ax[2].set(xlabel="N (rollouts per round)", ylabel="seconds to target", title="time to target on this machine")
+  fig.tight_layout()
+  fig.savefig(os.path.join(_OUT.value, "batch_size_law.png"), dpi=110)
+  print("wrote", _OUT.value)
+
+
+if __name__ == "__main__":
+  app.run(main)
