@@ -14,22 +14,11 @@ from flax import nnx
 
 from cbs_jax import model
 
-VOCAB = 20
+from tiny import VOCAB
+from tiny import tiny_config
 KNOWN_AXES = {"vocab", "embed", "heads", "kv_heads", "head_dim", "mlp"}
 
 
-def tiny_config(**overrides):
-  c = model.default_config()
-  c.vocab_size = VOCAB
-  c.d_model = 32
-  c.num_layers = 2
-  c.num_heads = 4
-  c.num_kv_heads = 2
-  c.d_ff = 48
-  c.max_len = 32
-  for k, v in overrides.items():
-    c[k] = v
-  return c
 
 
 @pytest.fixture(scope="module")

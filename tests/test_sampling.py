@@ -15,22 +15,13 @@ from scipy import stats
 
 from cbs_jax import model, sampling
 
-VOCAB = 20
+from tiny import VOCAB
+from tiny import tiny_config as _tiny_config
 PAD = 0
 
 
 def tiny_config(**overrides):
-  c = model.default_config()
-  c.vocab_size = VOCAB
-  c.d_model = 32
-  c.num_layers = 2
-  c.num_heads = 4
-  c.num_kv_heads = 2
-  c.d_ff = 48
-  c.max_len = 24
-  for k, v in overrides.items():
-    c[k] = v
-  return c
+  return _tiny_config(max_len=24, **overrides)
 
 
 @pytest.fixture(scope="module")
