@@ -62,3 +62,37 @@ def fit_critical_batch(batch_sizes, steps) -> dict:
   r2 = 1.0 - float(np.sum(resid ** 2)) / ss_tot if ss_tot > 0 else float("nan")
   b_crit = b / a if a > 0 else float("nan")
   return dict(S_min=float(a), B_crit=float(b_crit), E_min=float(a * b_crit), r2=r2)
+
+
+class AdaptiveBatch:
+  """Noise-driven batch-size controller.
+
+  Every ``every`` rounds it reads the tracker's B_noise (rollouts, at the
+  run's K) and sets the number of prompts for the next rounds to
+  ``factor * B_noise / K``, rounded UP to a bucket ``min_prompts * 2^j`` and
+  clipped to ``[min_prompts, max_prompts]``. Buckets bound recompiles to
+  log2(max/min) + 1 shapes. While B_noise is unresolved (nan: |G|^2 not
+  positive in the tracker) the batch size is kept. The learning rate follows
+  the run's ``optim.lr_rule`` from the new rollouts per update.
+  """
+
+  def __init__(self, K: int, min_prompts: int, max_prompts: int, factor: float = 1.0,
+               every: int = 10, prompts: int | None = None):
+    if min_prompts <= 0 or max_prompts < min_prompts:
+      raise ValueError(f"need 0 < min_prompts <= max_prompts, got {min_prompts}, {max_prompts}")
+    self.K, self.factor, self.every = K, factor, every
+    self.buckets = [min_prompts * 2 ** j for j in range(64)
+                    if min_prompts * 2 ** j <= max_prompts]
+    self.prompts = self._bucket(prompts or min_prompts)
+
+  def _bucket(self, p: float) -> int:
+    for b in self.buckets:
+      if b >= p:
+        return b
+    return self.buckets[-1]
+
+  def update(self, rnd: int, b_noise: float) -> int:
+    """Prompts for round ``rnd`` (0-based) given the latest tracker B_noise."""
+    if rnd > 0 and rnd % self.every == 0 and math.isfinite(b_noise) and b_noise > 0:
+      self.prompts = self._bucket(self.factor * b_noise / self.K)
+    return self.prompts

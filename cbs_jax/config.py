@@ -69,6 +69,11 @@ def base_config() -> ConfigDict:
   c.batch.rollouts_per_prompt = 16  # K rollouts per prompt (N = P*K)
   c.batch.num_minibatches = 1     # optimizer steps per epoch over the round (splits prompts)
   c.batch.num_epochs = 1          # passes over the round; updates/round = minibatches*epochs
+  c.batch.schedule = "fixed"       # fixed | adaptive (prompts per round set from the noise tracker)
+  c.batch.adaptive_min_prompts = 8  # adaptive: smallest P (buckets: min * 2^j, bounds recompiles)
+  c.batch.adaptive_max_prompts = 256  # adaptive: largest P
+  c.batch.adaptive_factor = 1.0     # adaptive: target N = factor * tracked B_noise (rollouts)
+  c.batch.adaptive_every = 10       # adaptive: rounds between decisions
   c.batch.staleness = 0           # rounds the behaviour policy lags (async-style generation)
 
   c.optim = ConfigDict()
@@ -111,12 +116,14 @@ _CHOICES = {
     "rl.aggregation": ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"),
     "rl.kl_estimator": ("k1", "k3"),
     "optim.lr_rule": ("constant", "sqrt", "linear"),
+    "batch.schedule": ("fixed", "adaptive"),
 }
 _POSITIVE = ("sft.steps", "sft.batch_size", "batch.num_prompts",
              "batch.rollouts_per_prompt", "batch.num_minibatches",
              "batch.num_epochs", "optim.ref_batch", "train.num_rounds",
              "train.eval_prompts", "train.max_consecutive_nonfinite",
-             "noise.chunk_prompts")
+             "noise.chunk_prompts", "batch.adaptive_min_prompts",
+             "batch.adaptive_max_prompts", "batch.adaptive_factor", "batch.adaptive_every")
 _NON_NEGATIVE = ("seed", "sampling.top_k", "sampling.max_new_tokens",
                  "sft.warmup_steps", "sft.eval_every", "batch.staleness",
                  "optim.warmup_steps", "optim.weight_decay", "optim.grad_clip",
@@ -190,5 +197,18 @@ def validate(c: ConfigDict) -> None:
       raise ValueError(
           f"config.noise.chunk_prompts={c.noise.chunk_prompts} does not divide the "
           f"{P_mb} prompts of one update")
+    if c.batch.schedule == "adaptive":
+      b = c.batch
+      if b.adaptive_max_prompts < b.adaptive_min_prompts:
+        raise ValueError(f"config.batch.adaptive_max_prompts={b.adaptive_max_prompts} is "
+                         f"below config.batch.adaptive_min_prompts={b.adaptive_min_prompts}")
+      unit = b.num_minibatches * (2 if c.noise.split_every else 1) * \
+          (c.noise.chunk_prompts if (c.noise.exact_every or c.noise.drift_every) else 1)
+      if b.adaptive_min_prompts % unit:
+        raise ValueError(f"config.batch.adaptive_min_prompts={b.adaptive_min_prompts} must be "
+                         f"a multiple of {unit} (minibatches x split halves x chunk)")
+      if not c.noise.split_every:
+        raise ValueError("config.batch.schedule='adaptive' reads the noise tracker: set "
+                         "config.noise.split_every > 0")
     if c.rl.algo == "ppo" and not c.model.value_head:
       raise ValueError("config.rl.algo='ppo' needs config.model.value_head=True")

@@ -99,9 +99,11 @@ def _take(batch: dict, idx) -> dict:
   return {k: jnp.take(v, idx, axis=0) for k, v in batch.items()}
 
 
-def _round_batch(config, graphdef, behaviour, ref_params, setup, rnd):
-  """Generate and score one round; returns (batch arrays, rewards, gen info)."""
-  P, K = config.batch.num_prompts, config.batch.rollouts_per_prompt
+def _round_batch(config, graphdef, behaviour, ref_params, setup, rnd, P=None):
+  """Generate and score one round of P prompts (default: config.batch.num_prompts)
+  x K rollouts; returns (batch arrays, rewards, gen info)."""
+  P = P or config.batch.num_prompts
+  K = config.batch.rollouts_per_prompt
   problems = setup.task.sample(np.random.default_rng([config.seed, 1, rnd]), P)
   key = jax.random.fold_in(jax.random.key(config.seed), rnd)
   sc = config.sampling
@@ -139,11 +141,11 @@ def _round_batch(config, graphdef, behaviour, ref_params, setup, rnd):
 class Trainer:
   """Holds the jitted update functions of one run (config captured by closure)."""
 
-  def __init__(self, config, graphdef, tx):
+  def __init__(self, config, graphdef, tx, P_mb: int):
     self.config, self.graphdef, self.tx = config, graphdef, tx
     c = config
     self.K = c.batch.rollouts_per_prompt
-    self.P_mb = c.batch.num_prompts // c.batch.num_minibatches
+    self.P_mb = P_mb
     self.update_plain = jax.jit(functools.partial(self._update, split=False),
                                 donate_argnums=(0,))
     self.update_split = jax.jit(functools.partial(self._update, split=True),
@@ -225,9 +227,7 @@ def _train_rl(config, workdir, setup):
   t_start = time.time()
   graphdef, base_params, base_summary = _sft_base(c, workdir, setup)
   tx = make_optimizer(c.optim)
-  P, K = c.batch.num_prompts, c.batch.rollouts_per_prompt
-  N = P * K
-  n_update = N // c.batch.num_minibatches
+  K = c.batch.rollouts_per_prompt
   history_len = c.batch.staleness
   copy = lambda t: jax.tree.map(jnp.copy, t)  # updates donate their params
   state = dict(params=copy(base_params), opt_state=tx.init(base_params),
@@ -239,7 +239,19 @@ def _train_rl(config, workdir, setup):
     state, meta = ckpt.restore(resume, state)
     ema.load_state_dict(meta["ema"])
   start = meta["round"]
-  trainer = Trainer(c, graphdef, tx)
+  controller = None
+  if c.batch.schedule == "adaptive":
+    controller = batch_lib.AdaptiveBatch(
+        K, c.batch.adaptive_min_prompts, c.batch.adaptive_max_prompts,
+        c.batch.adaptive_factor, c.batch.adaptive_every,
+        prompts=meta.get("prompts", c.batch.num_prompts))
+  trainers = {}  # one set of jitted functions per prompts-per-update bucket
+
+  def get_trainer(P_mb):
+    if P_mb not in trainers:
+      trainers[P_mb] = Trainer(c, graphdef, tx, P_mb)
+    return trainers[P_mb]
+
   writer = metrics_lib.MetricsWriter(workdir, resume_round=start + 1)
   eval_key = jax.random.key(c.train.eval_seed)
   evaluate = lambda p: rollouts.pass_rate(graphdef, p, setup.task, setup.tok,
@@ -257,8 +269,16 @@ def _train_rl(config, workdir, setup):
   for rnd in bar:
     r1 = rnd + 1
     t0 = time.time()
+    P = c.batch.num_prompts
+    if controller is not None:
+      # B_noise at the run's K from the tracker (P only enters its validation)
+      P = controller.update(rnd, ema.stats(2, K).b_noise if ema.count else float("nan"))
+      meta["prompts"] = P
+    N = P * K
+    n_update = N // c.batch.num_minibatches
+    trainer = get_trainer(P // c.batch.num_minibatches)
     behaviour = state["history"][0] if history_len else state["params"]
-    b, rewards, gen = _round_batch(c, graphdef, behaviour, base_params, setup, rnd)
+    b, rewards, gen = _round_batch(c, graphdef, behaviour, base_params, setup, rnd, P)
     jax.block_until_ready(b["adv"])
     t_gen = time.time() - t0
     row = {"round": r1, "batch_size": N, "rollouts_per_update": n_update,

@@ -39,3 +39,18 @@ def test_fit_critical_batch_recovers_the_law():
   assert np.allclose((s / fit["S_min"] - 1) * (e / fit["E_min"] - 1), 1.0)
   with pytest.raises(ValueError, match="distinct"):
     batch.fit_critical_batch([64, 64], [1, 2])
+
+
+def test_adaptive_controller_buckets_and_holds_on_unresolved_noise():
+  c = batch.AdaptiveBatch(K=16, min_prompts=8, max_prompts=128, factor=1.0, every=5)
+  assert c.buckets == [8, 16, 32, 64, 128]
+  assert c.update(0, 5000.0) == 8          # no decision at round 0
+  assert c.update(5, 1000.0) == 64         # 1000/16 = 62.5 -> bucket 64
+  assert c.update(7, 50.0) == 64           # only every 5 rounds
+  assert c.update(10, float("nan")) == 64  # unresolved: keep
+  assert c.update(15, 100000.0) == 128     # clipped to max
+  assert c.update(20, 16.0) == 8           # 1 prompt -> min
+  c2 = batch.AdaptiveBatch(K=8, min_prompts=4, max_prompts=64, factor=2.0, every=1)
+  assert c2.update(1, 200.0) == 64         # 2*200/8 = 50 -> 64
+  with pytest.raises(ValueError, match="min_prompts"):
+    batch.AdaptiveBatch(K=8, min_prompts=16, max_prompts=8)
