@@ -105,6 +105,9 @@ def main(argv):
     L.append(f"Measured B_noise at K={K} (noise_over_training): early "
              f"{b_noise['early'][0]:.0f} ± {b_noise['early'][1]:.0f}, late "
              f"{b_noise['late'][0]:.0f} ± {b_noise['late'][1]:.0f} rollouts.")
+  L.append("Seconds per round are those the runs logged (generation + updates); on a shared "
+           "machine they include other jobs' load, so time to target is indicative only. "
+           "Steps to target come from one seed and an eval of 512 prompts (SE ~0.02).")
   text = "\n".join(L) + "\n"
   with open(os.path.join(_OUT.value, "batch_size_law.md"), "w") as fh:
     fh.write(text)
