@@ -9,6 +9,8 @@ raises ``ValueError`` naming the field and the bad value.
 """
 from __future__ import annotations
 
+import math
+
 import ml_collections
 
 from cbs_jax import model as model_lib
@@ -105,6 +107,7 @@ def base_config() -> ConfigDict:
   c.noise.ema_decay = 0.99     # tracker EMA decay (numerators, denominators separately); G2 needs
                                # ~25k pooled rollouts to resolve, so ~1/(1-decay) rounds of N must reach that
   c.noise.drift_every = 0      # off-policy: per-rollout trace_intra at every reuse step, every n rounds (0 = off)
+  c.lock()  # a mistyped field is an error; use `with c.unlocked():` to add one
   return c
 
 
@@ -138,6 +141,14 @@ def _get(c, dotted):
   return c
 
 
+def _num(c, dotted):
+  """The numeric value of a field; None or a non-number is an error naming it."""
+  v = _get(c, dotted)
+  if isinstance(v, bool) or not isinstance(v, (int, float)):
+    raise ValueError(f"config.{dotted} must be a number, got {v!r}")
+  return v
+
+
 def validate(c: ConfigDict) -> None:
   """Raise ValueError naming the first bad field; returns None when all is well."""
   if c.task.name not in tasks.TASKS:
@@ -147,29 +158,32 @@ def validate(c: ConfigDict) -> None:
     if v not in choices:
       raise ValueError(f"config.{field}={v!r} is not one of {list(choices)}")
   for field in _POSITIVE:
-    v = _get(c, field)
+    v = _num(c, field)
     if isinstance(v, bool) or not v > 0:
       raise ValueError(f"config.{field} must be > 0, got {v!r}")
   for field in _NON_NEGATIVE:
-    v = _get(c, field)
+    v = _num(c, field)
     if isinstance(v, bool) or not v >= 0:
       raise ValueError(f"config.{field} must be >= 0, got {v!r}")
   for field in ("optim.lr", "sft.lr", "sampling.temperature",
                 "train.eval_temperature", "rl.clip_eps_low", "rl.clip_eps_high",
                 "optim.eps", "rl.adv_eps"):
-    v = _get(c, field)
+    v = _num(c, field)
     if not v > 0:
       raise ValueError(f"config.{field} must be > 0, got {v!r}")
-  if not 0.0 <= c.train.stop_at_pass_rate <= 1.0:
+  for field in ("optim.lr", "sft.lr"):
+    if not math.isfinite(_get(c, field)):
+      raise ValueError(f"config.{field} must be finite, got {_get(c, field)!r}")
+  if not 0.0 <= _num(c, "train.stop_at_pass_rate") <= 1.0:
     raise ValueError(f"config.train.stop_at_pass_rate must be in [0, 1], got "
                      f"{c.train.stop_at_pass_rate!r}")
-  if not 0.0 < c.sampling.top_p <= 1.0:
+  if not 0.0 < _num(c, "sampling.top_p") <= 1.0:
     raise ValueError(f"config.sampling.top_p must be in (0, 1], got {c.sampling.top_p!r}")
   for field in ("optim.b1", "optim.b2", "rl.gamma", "rl.lam", "sft.label_noise"):
-    v = _get(c, field)
+    v = _num(c, field)
     if not 0.0 <= v <= 1.0:
       raise ValueError(f"config.{field} must be in [0, 1], got {v!r}")
-  if not 0.0 <= c.noise.ema_decay < 1.0:
+  if not 0.0 <= _num(c, "noise.ema_decay") < 1.0:
     raise ValueError(f"config.noise.ema_decay must be in [0, 1), got {c.noise.ema_decay!r}")
   if c.rl.clip_eps_low >= 1.0:
     raise ValueError(f"config.rl.clip_eps_low must be < 1 (ratio floor 1-eps > 0), "

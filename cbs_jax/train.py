@@ -167,10 +167,11 @@ class Trainer:
       (loss, aux), grads = jax.value_and_grad(objective.batch_loss, has_aux=True)(
           params, graphdef, mb, counts, c.rl, c.sampling)
     gnorm = optax.tree.norm(grads)
-    finite = jnp.isfinite(loss) & jnp.isfinite(gnorm)
     opt_state.hyperparams["learning_rate"] = jnp.asarray(lr, jnp.float32)
     updates, new_opt = self.tx.update(grads, opt_state, params)
     new_params = optax.apply_updates(params, updates)
+    unorm = optax.tree.norm(updates)  # a finite loss/grad can still give a non-finite step
+    finite = jnp.isfinite(loss) & jnp.isfinite(gnorm) & jnp.isfinite(unorm)
     keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(finite, a, b), new, old)
     state = dict(params=keep(new_params, params), opt_state=keep(new_opt, opt_state))
     mask = mb["completion_mask"]
@@ -178,7 +179,7 @@ class Trainer:
     # sampler vs trainer log-probs of the same tokens at the same parameters
     # (meaningful on on-policy updates only): a health check of the layout.
     gap = jnp.max(jnp.abs(aux["logp"] - mb["logp_old"]) * mask)
-    m = dict(loss=loss, grad_norm=gnorm, finite=finite,
+    m = dict(loss=loss, grad_norm=gnorm, update_norm=unorm, finite=finite,
              entropy=jnp.sum(aux["entropy"]) / ntok,
              sampler_logp_gap=jnp.where(on_policy, gap, jnp.nan))
     m.update(drift.drift_stats(aux["logp_old"], aux["logp"], mask, c.rl.clip_eps_low,
@@ -213,8 +214,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
 
 
 def _write_summary(workdir, summary):
-  with open(os.path.join(workdir, "summary.json"), "w") as f:
+  path = os.path.join(workdir, "summary.json")
+  with open(path + ".tmp", "w") as f:  # atomic: a kill never leaves a torn summary
     json.dump(summary, f, indent=2, default=float)
+  os.replace(path + ".tmp", path)
 
 
 def _train_rl(config, workdir, setup):
@@ -338,7 +341,8 @@ def _train_rl(config, workdir, setup):
         raise NonFiniteError(
             f"{meta['consecutive_nonfinite']} consecutive non-finite updates "
             f"(round {r1}, update {j + 1} of the round, optimizer step {step}: "
-            f"loss={m['loss']}, grad_norm={m['grad_norm']}); parameters were not "
+            f"loss={m['loss']}, grad_norm={m['grad_norm']}, update_norm={m['update_norm']}); "
+            f"parameters were not "
             f"changed by them; last checkpoint: round {ckpt.latest_step()}")
     t_upd = time.time() - t1
     meta["rollouts_seen"] += N

@@ -158,7 +158,7 @@ def test_measure_tool_pools_batches_at_a_checkpoint(smoke_run):
   config = __import__("configs.default", fromlist=["x"]).get_config("smoke")
   setup = train.prepare(config)
   graphdef, params, rnd = measure.load_policy(config, wd, setup)
-  assert rnd == 4
+  assert rnd == json.load(open(os.path.join(wd, "summary.json")))["rounds"]  # the latest
   res = measure.measure(config, graphdef, params, setup, P=4, K=4, M=3,
                         chunk_prompts=2, progress=False)
   assert res["exact"].n_batches == 3 and res["split"].n_batches == 3
