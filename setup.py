@@ -22,7 +22,8 @@ setuptools.setup(
         "matplotlib>=3.7",
     ],
     extras_require={
-        "test": ["pytest>=7", "pytest-xdist>=3", "hypothesis>=6.80", "scipy>=1.10"],
+        "test": ["pytest>=7", "pytest-xdist>=3", "hypothesis>=6.80", "scipy>=1.10",
+                 "tokenizers>=0.15"],
         "hf": ["tokenizers>=0.15", "safetensors>=0.4"],
     },
 )
