@@ -100,6 +100,10 @@ def base_config() -> ConfigDict:
   c.train.max_consecutive_nonfinite = 3  # stop after this many skipped updates in a row
   c.train.progress = True          # console progress bar
 
+  c.mesh = ConfigDict()
+  c.mesh.data = -1   # devices along the rollout (data) axis; -1 = all that model leaves
+  c.mesh.model = 1   # devices along the model (tensor-parallel) axis
+
   c.noise = ConfigDict()
   c.noise.split_every = 1      # rounds between split-microbatch estimates (0 = off)
   c.noise.exact_every = 0      # rounds between exact per-rollout estimates (0 = off)
@@ -190,6 +194,10 @@ def validate(c: ConfigDict) -> None:
                      f"got {c.rl.clip_eps_low!r}")
   if c.rl.clip_c and c.rl.clip_c <= 1.0:
     raise ValueError(f"config.rl.clip_c must be > 1 when set (0 = off), got {c.rl.clip_c!r}")
+  if _num(c, "mesh.model") <= 0:
+    raise ValueError(f"config.mesh.model must be > 0, got {c.mesh.model!r}")
+  if _num(c, "mesh.data") != -1 and c.mesh.data <= 0:
+    raise ValueError(f"config.mesh.data must be > 0 or -1 (all devices), got {c.mesh.data!r}")
   model_lib.validate_config(c.model, prefix="config.model")
   P, K = c.batch.num_prompts, c.batch.rollouts_per_prompt
   if c.mode == "rl":

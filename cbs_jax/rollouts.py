@@ -14,6 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from cbs_jax import sampling
+from cbs_jax import sharding
 from cbs_jax.tasks import Problem, Task, Tokenizer
 
 
@@ -61,23 +62,27 @@ def verify(task: Task, problems: Sequence[Problem], texts: Sequence[str]) -> np.
 
 def rollout(graphdef, params, task: Task, tok: Tokenizer, problems: Sequence[Problem],
             K: int, key, layout: Layout, temperature: float = 1.0, top_k: int = 0,
-            top_p: float = 1.0) -> dict:
+            top_p: float = 1.0, mesh=None) -> dict:
   """K samples for each problem, prompt-major (rollout b = p*K + k).
 
   Returns a dict with the batch arrays (``prompt``, ``prompt_mask``,
   ``completion``, ``completion_mask``, ``logp_old``), ``rewards`` [P, K]
-  (numpy) and the decoded ``texts``.
+  (numpy) and the decoded ``texts``. With a ``mesh``, rollouts are split
+  over its data axis (generation is data-parallel).
   """
   prompt, pmask = encode_prompts(tok, problems, layout)
   prompt = np.repeat(prompt, K, axis=0)
   pmask = np.repeat(pmask, K, axis=0)
+  if mesh is not None:
+    placed = sharding.shard_batch(dict(prompt=prompt, pmask=pmask), mesh)
+    prompt, pmask = placed["prompt"], placed["pmask"]
   out = sampling.generate(graphdef, params, prompt, pmask, key,
                           max_new_tokens=layout.completion_len, eos_id=tok.eos_id,
                           pad_id=tok.pad_id, temperature=temperature, top_k=top_k,
                           top_p=top_p)
   texts = decode(tok, out.tokens)
   rewards = verify(task, [p for p in problems for _ in range(K)], texts)
-  return dict(prompt=jnp.asarray(prompt), prompt_mask=jnp.asarray(pmask),
+  return dict(prompt=jnp.asarray(prompt), prompt_mask=jnp.asarray(pmask, bool),
               completion=out.tokens, completion_mask=out.mask,
               logp_old=out.logprobs, lengths=out.lengths,
               rewards=rewards.reshape(len(problems), K), texts=texts)

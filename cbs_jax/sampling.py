@@ -124,8 +124,8 @@ def generate(graphdef, params, prompt_BxTp, prompt_mask_BxTp, key, *,
     raise ValueError(f"prompt length {Tp} + max_new_tokens {max_new_tokens} "
                      f"exceeds the KV cache (model.max_len={cfg['max_len']})")
   cache = model_lib.init_cache(cfg, B, Tp + max_new_tokens)
-  out, _ = _generate(graphdef, params, jnp.asarray(prompt_BxTp, jnp.int32),
-                     jnp.asarray(prompt_mask_BxTp, bool), key, cache,
+  out, _ = _generate(graphdef, params, jnp.asarray(prompt_BxTp).astype(jnp.int32),
+                     jnp.asarray(prompt_mask_BxTp).astype(bool), key, cache,
                      max_new_tokens=int(max_new_tokens), eos_id=int(eos_id),
                      pad_id=int(pad_id), temperature=float(temperature),
                      top_k=int(top_k), top_p=float(top_p))

@@ -44,6 +44,7 @@ from cbs_jax import rl
 from cbs_jax import rollouts
 from cbs_jax import sampling
 from cbs_jax import sft
+from cbs_jax import sharding
 from cbs_jax import tasks
 
 
@@ -99,7 +100,7 @@ def _take(batch: dict, idx) -> dict:
   return {k: jnp.take(v, idx, axis=0) for k, v in batch.items()}
 
 
-def _round_batch(config, graphdef, behaviour, ref_params, setup, rnd, P=None):
+def _round_batch(config, graphdef, behaviour, ref_params, setup, rnd, P=None, mesh=None):
   """Generate and score one round of P prompts (default: config.batch.num_prompts)
   x K rollouts; returns (batch arrays, rewards, gen info)."""
   P = P or config.batch.num_prompts
@@ -108,7 +109,7 @@ def _round_batch(config, graphdef, behaviour, ref_params, setup, rnd, P=None):
   key = jax.random.fold_in(jax.random.key(config.seed), rnd)
   sc = config.sampling
   out = rollouts.rollout(graphdef, behaviour, setup.task, setup.tok, problems, K, key,
-                         setup.layout, sc.temperature, sc.top_k, sc.top_p)
+                         setup.layout, sc.temperature, sc.top_k, sc.top_p, mesh)
   mask = out["completion_mask"]
   rewards = out["rewards"]
   b = dict(prompt=out["prompt"], prompt_mask=out["prompt_mask"],
@@ -228,7 +229,9 @@ def _train_rl(config, workdir, setup):
   if resume is not None:
     ckpt.check_model(model_meta)  # before any compile or write
   t_start = time.time()
+  mesh = sharding.make_mesh(c.mesh.data, c.mesh.model)  # before anything compiles
   graphdef, base_params, base_summary = _sft_base(c, workdir, setup)
+  base_params = sharding.shard_params(base_params, mesh)  # opt state and copies follow
   tx = make_optimizer(c.optim)
   K = c.batch.rollouts_per_prompt
   history_len = c.batch.staleness
@@ -281,7 +284,7 @@ def _train_rl(config, workdir, setup):
     n_update = N // c.batch.num_minibatches
     trainer = get_trainer(P // c.batch.num_minibatches)
     behaviour = state["history"][0] if history_len else state["params"]
-    b, rewards, gen = _round_batch(c, graphdef, behaviour, base_params, setup, rnd, P)
+    b, rewards, gen = _round_batch(c, graphdef, behaviour, base_params, setup, rnd, P, mesh)
     jax.block_until_ready(b["adv"])
     t_gen = time.time() - t0
     row = {"round": r1, "batch_size": N, "rollouts_per_update": n_update,
@@ -301,7 +304,7 @@ def _train_rl(config, workdir, setup):
       for mbi in range(c.batch.num_minibatches):
         prompts_idx = perm[mbi * trainer.P_mb:(mbi + 1) * trainer.P_mb]
         idx = (prompts_idx[:, None] * K + np.arange(K)[None]).reshape(-1)
-        mb = _take(b, jnp.asarray(idx))
+        mb = sharding.shard_batch(_take(b, jnp.asarray(idx)), mesh)
         mb["on_policy"] = jnp.full((len(idx),), history_len == 0 and j == 0)
         do_split = bool(c.noise.split_every) and j == 0 and rnd % c.noise.split_every == 0
         if c.noise.exact_every and j == 0 and rnd % c.noise.exact_every == 0:
