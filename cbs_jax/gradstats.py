@@ -93,6 +93,16 @@ def split_grads(params, graphdef, batch, P: int, K: int, rl_cfg, sampling_cfg,
   return jnp.sum(losses), grad, aux, moments
 
 
+def per_rollout_grad_fn(graphdef, counts, rl_cfg, sampling_cfg):
+  """``fn(params, rollouts) -> grads`` with a leading rollout axis: grad L_i of
+  each rollout's loss term (under the update's global ``counts``), by vmap."""
+  def one_loss(p, ex):
+    ex1 = jax.tree.map(lambda x: x[None], ex)
+    L_B, _ = objective.rollout_losses(p, graphdef, ex1, counts, rl_cfg, sampling_cfg)
+    return L_B[0]
+  return jax.vmap(jax.grad(one_loss), in_axes=(None, 0))
+
+
 def group_moments(params, graphdef, batch, P: int, K: int, rl_cfg, sampling_cfg,
                   chunk_prompts: int) -> noise.GroupMoments:
   """Exact per-rollout moments, streamed over chunks of ``chunk_prompts``.
@@ -106,12 +116,7 @@ def group_moments(params, graphdef, batch, P: int, K: int, rl_cfg, sampling_cfg,
   N = P * K
   C = chunk_prompts
 
-  def one_loss(p, ex):
-    ex1 = jax.tree.map(lambda x: x[None], ex)
-    L_B, _ = objective.rollout_losses(p, graphdef, ex1, counts, rl_cfg, sampling_cfg)
-    return L_B[0]
-
-  per_rollout_grad = jax.vmap(jax.grad(one_loss), in_axes=(None, 0))
+  per_rollout_grad = per_rollout_grad_fn(graphdef, counts, rl_cfg, sampling_cfg)
   chunks = jax.tree.map(lambda x: x.reshape((P // C, C * K) + x.shape[1:]), batch)
 
   def chunk_stats(chunk):

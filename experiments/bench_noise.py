@@ -160,12 +160,7 @@ def vmap_grad_only(params, graphdef, batch, P, K, rl_cfg, s_cfg, chunk_prompts):
   counts = objective.counts_of(batch)
   C = chunk_prompts
 
-  def one_loss(p, ex):
-    ex1 = jax.tree.map(lambda x: x[None], ex)
-    L_B, _ = objective.rollout_losses(p, graphdef, ex1, counts, rl_cfg, s_cfg)
-    return L_B[0]
-
-  per_rollout_grad = jax.vmap(jax.grad(one_loss), in_axes=(None, 0))
+  per_rollout_grad = gradstats.per_rollout_grad_fn(graphdef, counts, rl_cfg, s_cfg)
   chunks = jax.tree.map(lambda x: x.reshape((P // C, C * K) + x.shape[1:]), batch)
 
   def body(acc, chunk):
