@@ -17,7 +17,6 @@ statistics go into ``metrics.jsonl`` and TensorBoard.
 """
 from __future__ import annotations
 
-import collections
 import dataclasses
 import functools
 import json
@@ -37,7 +36,6 @@ from cbs_jax import config as config_lib
 from cbs_jax import drift
 from cbs_jax import gradstats
 from cbs_jax import metrics as metrics_lib
-from cbs_jax import model as model_lib
 from cbs_jax import noise
 from cbs_jax import objective
 from cbs_jax import rl

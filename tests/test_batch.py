@@ -1,5 +1,4 @@
 """Batch-size rules and the steps/samples-to-target law."""
-import math
 
 import numpy as np
 import pytest
