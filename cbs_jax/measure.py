@@ -17,6 +17,7 @@ own K (see noise.py), and B_noise(K') for another K' is an extrapolation.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import os
@@ -103,7 +104,6 @@ def format_table(res: dict) -> str:
 
 
 def to_json(res: dict) -> dict:
-  import dataclasses
   out = {k: v for k, v in res.items() if k not in ("exact", "split", "groups")}
   out["exact"] = dataclasses.asdict(res["exact"])
   out["split"] = dataclasses.asdict(res["split"])

@@ -50,7 +50,7 @@ def corrupt(problems, task, rng, rate: float):
   return out
 
 
-def make_batch(task, tok, problems, layout):
+def make_batch(tok, problems, layout):
   prompt, pmask = rollouts.encode_prompts(tok, problems, layout)
   comp, cmask = rollouts.encode_solutions(tok, problems, layout)
   return dict(prompt=prompt, prompt_mask=pmask, completion=comp, completion_mask=cmask)
@@ -95,7 +95,7 @@ def train_sft(config, workdir: str, task, tok, layout, eval_problems):
   for s in bar:
     rng = np.random.default_rng([config.seed, 7, s])
     problems = corrupt(task.sample(rng, c.batch_size), task, rng, c.label_noise)
-    batch = make_batch(task, tok, problems, layout)
+    batch = make_batch(tok, problems, layout)
     params, opt_state, loss = step(params, opt_state, batch)
     last = s + 1 == c.steps
     do_eval = (c.eval_every and (s + 1) % c.eval_every == 0) or last

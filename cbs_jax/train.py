@@ -98,6 +98,10 @@ def _take(batch: dict, idx) -> dict:
   return {k: jnp.take(v, idx, axis=0) for k, v in batch.items()}
 
 
+# teacher-forced scoring of a whole round (PPO values, KL reference), compiled once
+_score = jax.jit(sampling.score, static_argnums=(0, 6, 7, 8))
+
+
 def _round_batch(config, graphdef, behaviour, ref_params, setup, rnd, P=None, mesh=None):
   """Generate and score one round of P prompts (default: config.batch.num_prompts)
   x K rollouts; returns (batch arrays, rewards, gen info)."""
@@ -115,9 +119,8 @@ def _round_batch(config, graphdef, behaviour, ref_params, setup, rnd, P=None, me
            logp_old=out["logp_old"])
   zeros = jnp.zeros_like(mask)
   if config.rl.algo == "ppo":
-    values = sampling.score(graphdef, behaviour, b["prompt"], b["prompt_mask"],
-                            b["completion"], mask, sc.temperature, sc.top_k,
-                            sc.top_p).values
+    values = _score(graphdef, behaviour, b["prompt"], b["prompt_mask"],
+                    b["completion"], mask, sc.temperature, sc.top_k, sc.top_p).values
     tok_r = rl.terminal_rewards_to_tokens(jnp.asarray(rewards.reshape(-1)), mask)
     adv, returns = rl.gae(tok_r, values, mask, config.rl.gamma, config.rl.lam)
     n = jnp.maximum(mask.sum(), 1.0)
@@ -129,9 +132,9 @@ def _round_batch(config, graphdef, behaviour, ref_params, setup, rnd, P=None, me
                                 config.rl.adv_eps)
     b.update(adv=adv.reshape(-1)[:, None] * mask, returns=zeros, old_values=zeros)
   if config.rl.kl_beta:
-    b["logp_ref"] = sampling.score(graphdef, ref_params, b["prompt"], b["prompt_mask"],
-                                   b["completion"], mask, sc.temperature, sc.top_k,
-                                   sc.top_p).logprobs
+    b["logp_ref"] = _score(graphdef, ref_params, b["prompt"], b["prompt_mask"],
+                           b["completion"], mask, sc.temperature, sc.top_k,
+                           sc.top_p).logprobs
   else:
     b["logp_ref"] = zeros
   return b, rewards, out

@@ -204,3 +204,12 @@ def test_adaptive_batch_follows_the_tracker_within_buckets(monkeypatch, tmp_path
   for i, r in enumerate(rows):
     assert r["lr"] == pytest.approx(1e-4 * np.sqrt(r["batch_size"] / 64)
                                     * min(1.0, (i + 1) / 5), rel=1e-6)
+
+
+def test_ppo_with_kl_penalty_runs_end_to_end(tmp_path):
+  r = run_main(str(tmp_path), "--config.rl.kl_beta=0.1",
+               config="configs/arithmetic_ppo.py:smoke")
+  assert r.returncode == 0, r.stderr[-3000:]
+  rows = metrics_lib.read_jsonl(os.path.join(tmp_path, "metrics.jsonl"))[1:]
+  assert len(rows) == 4
+  assert all(np.isfinite(row["loss"]) and row["skipped_updates"] == 0 for row in rows)
