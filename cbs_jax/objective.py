@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 
 from cbs_jax import rl
-from cbs_jax import sampling
+from cbs_jax import scoring
 
 Array = jax.Array
 
@@ -56,7 +56,7 @@ def rollout_losses(params, graphdef, batch, counts: Counts, rl_cfg, sampling_cfg
   ratios are exactly 1).
   """
   mask = batch["completion_mask"]
-  sc = sampling.score(graphdef, params, batch["prompt"], batch["prompt_mask"],
+  sc = scoring.score(graphdef, params, batch["prompt"], batch["prompt_mask"],
                       batch["completion"], mask, sampling_cfg.temperature,
                       sampling_cfg.top_k, sampling_cfg.top_p)
   logp_old = jnp.where(batch["on_policy"][:, None],

@@ -1,4 +1,4 @@
-"""Batched generation with a KV cache, and teacher-forced scoring.
+"""Batched generation with a KV cache.
 
 Sequence layout (shared by generation, scoring and training, so importance
 ratios compare like with like):
@@ -15,8 +15,8 @@ slots ``[0, Tp)``, then a ``lax.while_loop`` samples one token per step into
 slot ``Tp + t`` of a preallocated, donated cache, and stops early once every
 sequence has emitted EOS. The log-probs it returns are those of the
 distribution actually sampled from (temperature, top-k and top-p applied):
-the behaviour log-probs GRPO's importance ratios need. ``score`` recomputes
-the same quantity by teacher forcing.
+the behaviour log-probs GRPO's importance ratios need. ``scoring.score``
+recomputes the same quantity by teacher forcing.
 """
 from __future__ import annotations
 
@@ -28,9 +28,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from cbs_jax import model as model_lib
+from cbs_jax.scoring import positions_from_mask, process_logits
 
 Array = jax.Array
-_MASKED = -1e30
 
 
 class SampleOutput(NamedTuple):
@@ -38,12 +38,6 @@ class SampleOutput(NamedTuple):
   mask: Array      # B,Tc float32, 1 on sampled tokens up to and incl. EOS
   lengths: Array   # B int32, number of valid completion tokens
   logprobs: Array  # B,Tc float32 behaviour log-probs (0 where mask is 0)
-
-
-class ScoreOutput(NamedTuple):
-  logprobs: Array        # B,Tc float32 log-probs of the given completion tokens
-  values: Array | None   # B,Tc float32 critic values before each token, or None
-  logits: Array          # B,Tc,V float32 (processed by temperature/top-k/top-p)
 
 
 def left_pad(seqs: Sequence[Sequence[int]], length: int, pad_id: int):
@@ -58,28 +52,6 @@ def left_pad(seqs: Sequence[Sequence[int]], length: int, pad_id: int):
       toks[i, length - len(s):] = s
       mask[i, length - len(s):] = True
   return toks, mask
-
-
-def positions_from_mask(mask_BxT: Array) -> Array:
-  return jnp.maximum(jnp.cumsum(mask_BxT.astype(jnp.int32), axis=-1) - 1, 0)
-
-
-def process_logits(logits: Array, temperature: float = 1.0, top_k: int = 0,
-                   top_p: float = 1.0) -> Array:
-  """Log-probs (float32) of the distribution sampled from after temperature,
-  top-k (0 = off) and top-p (1.0 = off; ties at the threshold are kept)."""
-  x = logits.astype(jnp.float32) / temperature
-  if top_k and top_k < x.shape[-1]:
-    kth = jax.lax.top_k(x, top_k)[0][..., -1:]
-    x = jnp.where(x < kth, _MASKED, x)
-  if top_p < 1.0:
-    srt = jnp.sort(x, axis=-1)[..., ::-1]
-    p = jax.nn.softmax(srt, axis=-1)
-    before = jnp.cumsum(p, axis=-1) - p  # probability mass strictly above
-    keep = before < top_p
-    thresh = jnp.min(jnp.where(keep, srt, jnp.inf), axis=-1, keepdims=True)
-    x = jnp.where(x < thresh, _MASKED, x)
-  return jax.nn.log_softmax(x, axis=-1)
 
 
 def check_sampling_args(max_new_tokens, temperature, top_k, top_p):
@@ -180,24 +152,3 @@ def _generate(graphdef, params, prompt, prompt_mask, key, cache, *,
   # the cache is returned so that its donated buffer is updated in place.
   return SampleOutput(s["tokens"], mask.astype(jnp.float32),
                       live_len.astype(jnp.int32), s["logprobs"]), s["cache"]
-
-
-def score(graphdef, params, prompt_BxTp, prompt_mask_BxTp, completion_BxTc,
-          completion_mask_BxTc, temperature: float = 1.0, top_k: int = 0,
-          top_p: float = 1.0) -> ScoreOutput:
-  """Teacher-forced log-probs of the completion tokens (same layout and
-  processing as ``generate``). Pure and jittable; differentiate through it."""
-  Tp = prompt_BxTp.shape[1]
-  Tc = completion_BxTc.shape[1]
-  tokens = jnp.concatenate([prompt_BxTp, completion_BxTc], 1)
-  mask = jnp.concatenate([prompt_mask_BxTp.astype(bool),
-                          completion_mask_BxTc.astype(bool)], 1)
-  out = model_lib.apply(graphdef, params, tokens, positions_from_mask(mask), mask)
-  logits = jax.lax.dynamic_slice_in_dim(out.logits, Tp - 1, Tc, axis=1)
-  logp_all = process_logits(logits, temperature, top_k, top_p)
-  logp = jnp.take_along_axis(logp_all, completion_BxTc[..., None], -1)[..., 0]
-  logp = jnp.where(completion_mask_BxTc.astype(bool), logp, 0.0)
-  values = None
-  if out.values is not None:
-    values = jax.lax.dynamic_slice_in_dim(out.values, Tp - 1, Tc, axis=1)
-  return ScoreOutput(logp, values, logp_all)

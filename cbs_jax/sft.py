@@ -23,11 +23,11 @@ from cbs_jax import checkpoint as ckpt_lib
 from cbs_jax import metrics as metrics_lib
 from cbs_jax import model as model_lib
 from cbs_jax import rollouts
-from cbs_jax import sampling
+from cbs_jax import scoring
 
 
 def sft_loss(params, graphdef, batch):
-  sc = sampling.score(graphdef, params, batch["prompt"], batch["prompt_mask"],
+  sc = scoring.score(graphdef, params, batch["prompt"], batch["prompt_mask"],
                       batch["completion"], batch["completion_mask"])
   m = batch["completion_mask"]
   return -jnp.sum(sc.logprobs) / jnp.maximum(jnp.sum(m), 1.0)

@@ -41,6 +41,7 @@ from cbs_jax import objective
 from cbs_jax import rl
 from cbs_jax import rollouts
 from cbs_jax import sampling
+from cbs_jax import scoring
 from cbs_jax import sft
 from cbs_jax import sharding
 from cbs_jax import tasks
@@ -99,7 +100,7 @@ def _take(batch: dict, idx) -> dict:
 
 
 # teacher-forced scoring of a whole round (PPO values, KL reference), compiled once
-_score = jax.jit(sampling.score, static_argnums=(0, 6, 7, 8))
+_score = jax.jit(scoring.score, static_argnums=(0, 6, 7, 8))
 
 
 def _round_batch(config, graphdef, behaviour, ref_params, setup, rnd, P=None, mesh=None):

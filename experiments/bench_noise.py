@@ -82,6 +82,7 @@ from cbs_jax import noise  # noqa: E402
 from cbs_jax import objective  # noqa: E402
 from cbs_jax import rl  # noqa: E402
 from cbs_jax import sampling  # noqa: E402
+from cbs_jax import scoring  # noqa: E402
 from cbs_jax import sft  # noqa: E402
 from cbs_jax import train  # noqa: E402
 
@@ -283,7 +284,7 @@ def make_ghost(graphdef, params, rl_cfg, s_cfg, P, K):
     Tc = batch["completion"].shape[1]
     mask = batch["completion_mask"]
     logits = jax.lax.dynamic_slice_in_dim(logits_full, Tp - 1, Tc, axis=1)
-    logp_all = sampling.process_logits(logits, s_cfg.temperature, s_cfg.top_k, s_cfg.top_p)
+    logp_all = scoring.process_logits(logits, s_cfg.temperature, s_cfg.top_k, s_cfg.top_p)
     logp = jnp.take_along_axis(logp_all, batch["completion"][..., None], -1)[..., 0]
     logp = jnp.where(mask.astype(bool), logp, 0.0)
     logp_old = jnp.where(batch["on_policy"][:, None], jax.lax.stop_gradient(logp),
@@ -300,7 +301,7 @@ def make_ghost(graphdef, params, rl_cfg, s_cfg, P, K):
     tokens = jnp.concatenate([batch["prompt"], batch["completion"]], 1)
     mask = jnp.concatenate([batch["prompt_mask"].astype(bool),
                             batch["completion_mask"].astype(bool)], 1)
-    return tokens, sampling.positions_from_mask(mask), mask
+    return tokens, scoring.positions_from_mask(mask), mask
 
   def tap_grads(pp, batch):
     """ONE forward + backward w.r.t. the taps: (inputs of each use, dL/dy)."""

@@ -40,6 +40,7 @@ from flax import nnx  # noqa: E402
 
 from cbs_jax import model as model_lib  # noqa: E402
 from cbs_jax import sampling  # noqa: E402
+from cbs_jax import scoring  # noqa: E402
 
 VOCAB = 20
 EOS_ID = VOCAB - 1
@@ -81,9 +82,9 @@ def naive_generate(graphdef, params, prompt, prompt_mask, key, *, max_new_tokens
   def body(t, carry):
     buf, mask, lps, key = carry
     key, sub = jax.random.split(key)  # same key schedule as sampling.generate
-    out = model_lib.apply(graphdef, params, buf, sampling.positions_from_mask(mask), mask)
+    out = model_lib.apply(graphdef, params, buf, scoring.positions_from_mask(mask), mask)
     logits = jax.lax.dynamic_index_in_dim(out.logits, Tp + t - 1, 1, keepdims=False)
-    logp_all = sampling.process_logits(logits, temperature, top_k, top_p)
+    logp_all = scoring.process_logits(logits, temperature, top_k, top_p)
     tok = jax.random.categorical(sub, logp_all).astype(jnp.int32)
     lp = jnp.take_along_axis(logp_all, tok[:, None], -1)
     buf = jax.lax.dynamic_update_slice(buf, tok[:, None], (0, Tp + t))

@@ -11,7 +11,7 @@ from cbs_jax import gradstats
 from cbs_jax import model as model_lib
 from cbs_jax import noise
 from cbs_jax import objective
-from cbs_jax import sampling
+from cbs_jax import scoring
 
 P, K, TP, TC, V = 4, 4, 4, 5, 12
 MODES = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm")
@@ -33,7 +33,7 @@ def make_batch(graphdef, params, seed=0):
   clen = rng.integers(1, TC + 1, size=B)
   cmask = (np.arange(TC)[None] < clen[:, None]).astype(np.float32)
   completion = np.where(cmask > 0, rng.integers(3, V, size=(B, TC)), 0)
-  sc = sampling.score(graphdef, params, jnp.asarray(prompt), jnp.asarray(prompt_mask),
+  sc = scoring.score(graphdef, params, jnp.asarray(prompt), jnp.asarray(prompt_mask),
                       jnp.asarray(completion), jnp.asarray(cmask))
   # behaviour log-probs near the current ones: ratios in (0.95, 1.05), no clipping
   logp_old = (sc.logprobs + rng.uniform(-0.05, 0.05, size=(B, TC))) * cmask

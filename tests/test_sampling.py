@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from cbs_jax import model, sampling
+from cbs_jax import model, sampling, scoring
 
 from tiny import VOCAB
 from tiny import tiny_config as _tiny_config
@@ -31,7 +31,7 @@ def tiny():
 
 
 _fwd = jax.jit(model.apply, static_argnums=0)
-_score = jax.jit(sampling.score, static_argnums=(0,),
+_score = jax.jit(scoring.score, static_argnums=(0,),
                  static_argnames=("temperature", "top_k", "top_p"))
 
 
@@ -65,7 +65,7 @@ def eos(tiny):
   for the whole module keeps the number of compiled samplers small."""
   gd, params = tiny
   toks, mask = mixed_batch()
-  lg = _fwd(gd, params, jnp.asarray(toks), sampling.positions_from_mask(jnp.asarray(mask)),
+  lg = _fwd(gd, params, jnp.asarray(toks), scoring.positions_from_mask(jnp.asarray(mask)),
             jnp.asarray(mask)).logits[:, -1]
   p = np.asarray(jax.nn.softmax(lg, -1)).mean(0)
   p[PAD] = 0
@@ -114,7 +114,7 @@ def np_process(logits, temperature=1.0, top_k=0, top_p=1.0):
 ])
 def test_process_logits_matches_numpy(temperature, top_k, top_p):
   logits = np.random.default_rng(0).normal(size=(6, VOCAB)) * 2.0
-  got = np.exp(np.asarray(sampling.process_logits(
+  got = np.exp(np.asarray(scoring.process_logits(
       jnp.asarray(logits, jnp.float32), temperature, top_k, top_p), np.float64))
   want = np_process(logits.astype(np.float32), temperature, top_k, top_p)
   np.testing.assert_allclose(got, want, atol=2e-6, rtol=0)
@@ -123,9 +123,9 @@ def test_process_logits_matches_numpy(temperature, top_k, top_p):
 
 def test_process_logits_keeps_ties():
   x = jnp.array([[1.0, 2.0, 2.0, 0.0]])
-  p = np.exp(np.asarray(sampling.process_logits(x, 1.0, top_k=1)))
+  p = np.exp(np.asarray(scoring.process_logits(x, 1.0, top_k=1)))
   np.testing.assert_allclose(p, [[0, 0.5, 0.5, 0]], atol=1e-7)
-  p = np.exp(np.asarray(sampling.process_logits(x, 1.0, top_p=0.3)))
+  p = np.exp(np.asarray(scoring.process_logits(x, 1.0, top_p=0.3)))
   np.testing.assert_allclose(p[0, [0, 3]], 0.0, atol=1e-7)
   np.testing.assert_allclose(p[0, 1], p[0, 2], atol=1e-7)
 
@@ -170,7 +170,7 @@ def test_score_values_with_value_head():
   full_tokens = np.concatenate([toks, comp], 1)
   full_mask = np.concatenate([mask, cmask > 0], 1)
   o = model.apply(gd, params, jnp.asarray(full_tokens),
-                  sampling.positions_from_mask(jnp.asarray(full_mask)),
+                  scoring.positions_from_mask(jnp.asarray(full_mask)),
                   jnp.asarray(full_mask))
   Tp = toks.shape[1]
   # the value "before" completion token t is read at the position before it
@@ -189,7 +189,7 @@ def test_greedy_equals_naive_full_recompute(tiny):
   bmask = np.concatenate([mask, np.zeros((B, n_new), bool)], 1)
   fwd = jax.jit(model.apply, static_argnums=0)
   for t in range(n_new):
-    lg = fwd(gd, params, jnp.asarray(buf), sampling.positions_from_mask(jnp.asarray(bmask)),
+    lg = fwd(gd, params, jnp.asarray(buf), scoring.positions_from_mask(jnp.asarray(bmask)),
              jnp.asarray(bmask)).logits
     buf[:, Tp + t] = np.argmax(np.asarray(lg[:, Tp + t - 1]), -1)
     bmask[:, Tp + t] = True
@@ -266,7 +266,7 @@ def test_early_exit_all_stop_at_once(tiny):
   gd, params = tiny
   prompt = random_prompts([5], seed=4)
   t, m = sampling.left_pad(prompt * len(MIXED), max(MIXED), PAD)
-  lg = _fwd(gd, params, jnp.asarray(t), sampling.positions_from_mask(jnp.asarray(m)),
+  lg = _fwd(gd, params, jnp.asarray(t), scoring.positions_from_mask(jnp.asarray(m)),
             jnp.asarray(m)).logits
   eos = int(np.argmax(np.asarray(lg[0, -1])))  # the greedy first token
   n_new = N_NEW
@@ -308,10 +308,10 @@ def test_first_token_frequencies(tiny, temperature, top_k, top_p):
   prompt = [3, 7, 1, 12, 5]
   t, m = sampling.left_pad([prompt], len(prompt), PAD)
   logits = np.asarray(model.apply(gd, params, jnp.asarray(t),
-                                  sampling.positions_from_mask(jnp.asarray(m)),
+                                  scoring.positions_from_mask(jnp.asarray(m)),
                                   jnp.asarray(m)).logits[0, -1])
   probs = np_process(logits, temperature, top_k, top_p)  # independent, float64
-  proc = np.exp(np.asarray(sampling.process_logits(jnp.asarray(logits), temperature,
+  proc = np.exp(np.asarray(scoring.process_logits(jnp.asarray(logits), temperature,
                                                    top_k, top_p), np.float64))
   np.testing.assert_allclose(proc, probs, atol=2e-6)
   support = probs > 0
@@ -390,7 +390,7 @@ def test_bad_inputs_raise(tiny, eos):
 
 def test_positions_from_mask():
   m = jnp.array([[0, 0, 1, 1, 1], [1, 1, 1, 1, 1], [0, 0, 0, 0, 1]], bool)
-  np.testing.assert_array_equal(np.asarray(sampling.positions_from_mask(m))[np.asarray(m)],
+  np.testing.assert_array_equal(np.asarray(scoring.positions_from_mask(m))[np.asarray(m)],
                                 [0, 1, 2, 0, 1, 2, 3, 4, 0])
 
 
