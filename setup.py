@@ -6,7 +6,7 @@ setuptools.setup(
     version="0.1.0",
     description=("Measure gradient noise and the critical batch size of "
                  "GRPO/PPO policy optimization for LLMs (JAX, Flax NNX)."),
-    packages=setuptools.find_packages(include=["cbs_jax", "cbs_jax.*"]),
+    packages=setuptools.find_packages(include=["cbs_jax", "cbs_jax.*", "configs"]),
     package_data={"cbs_jax.tasks": ["data/*.jsonl"]},
     python_requires=">=3.10",
     install_requires=[

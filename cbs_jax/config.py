@@ -13,7 +13,10 @@ import math
 
 import ml_collections
 
+from cbs_jax import batch as batch_lib
 from cbs_jax import model as model_lib
+from cbs_jax import rl
+from cbs_jax import sharding
 from cbs_jax import tasks
 
 ConfigDict = ml_collections.ConfigDict
@@ -52,15 +55,18 @@ def base_config() -> ConfigDict:
 
   c.rl = ConfigDict()
   c.rl.algo = "grpo"            # grpo (group advantages) | ppo (value head + GAE)
-  c.rl.advantage = "grpo"       # grpo | drgrpo | rloo | batch_std (ignored by ppo)
+  c.rl.advantage = "grpo"       # grpo | drgrpo | rloo | batch_std | gae (ppo's: GAE + whitening)
   c.rl.adv_eps = 1e-6           # epsilon added to the std in grpo / batch_std
+  c.rl.adv_std_ddof = 0         # grpo / batch_std std: 0 = population (cbs_jax); TRL, verl and
+                                # Tunix use 1, i.e. advantages sqrt((K-1)/K) times ours
+  c.rl.adv_whiten = True        # gae: whiten advantages over the batch's tokens (couples rollouts)
   c.rl.loss = "ppo"             # ppo (clipped) | cispo | pg | gspo
   c.rl.clip_eps_low = 0.2       # lower clip: ratio >= 1 - clip_eps_low
   c.rl.clip_eps_high = 0.2      # upper clip: ratio <= 1 + clip_eps_high (10.0 ~ unclipped)
   c.rl.clip_c = 0.0             # dual-clip constant (> 1), 0 = off
   c.rl.aggregation = "token_mean"  # token_mean | seq_mean_token_mean | seq_mean_token_sum_norm
   c.rl.kl_beta = 0.0            # weight of the KL penalty to the frozen start policy
-  c.rl.kl_estimator = "k3"      # k1 | k3
+  c.rl.kl_estimator = "k3"      # k1 | k2 | k3 (Schulman's estimators, see rl.kl_penalty)
   c.rl.gamma = 1.0              # ppo: discount
   c.rl.lam = 0.95               # ppo: GAE lambda
   c.rl.vf_coef = 0.5            # ppo: value-loss weight
@@ -103,6 +109,8 @@ def base_config() -> ConfigDict:
   c.mesh = ConfigDict()
   c.mesh.data = -1   # devices along the rollout (data) axis; -1 = all that model leaves
   c.mesh.model = 1   # devices along the model (tensor-parallel) axis
+  # logical parameter axis -> mesh axis ('' = replicated), as "name=axis,..." (sharding.py)
+  c.mesh.rules = sharding.format_rules(sharding.DEFAULT_RULES)
 
   c.noise = ConfigDict()
   c.noise.split_every = 1      # rounds between split-microbatch estimates (0 = off)
@@ -115,14 +123,16 @@ def base_config() -> ConfigDict:
   return c
 
 
+# choices come from the registries they select from, so they cannot drift
 _CHOICES = {
     "mode": ("rl", "sft"),
     "rl.algo": ("grpo", "ppo"),
-    "rl.advantage": ("grpo", "drgrpo", "rloo", "batch_std"),
-    "rl.loss": ("ppo", "cispo", "pg", "gspo"),
-    "rl.aggregation": ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"),
-    "rl.kl_estimator": ("k1", "k3"),
-    "optim.lr_rule": ("constant", "sqrt", "linear"),
+    "rl.advantage": rl.ADVANTAGE_KINDS,
+    "rl.loss": tuple(rl.POLICY_LOSSES),
+    "rl.aggregation": rl.AGGREGATIONS,
+    "rl.kl_estimator": rl.KL_KINDS,
+    "rl.adv_std_ddof": (0, 1),
+    "optim.lr_rule": batch_lib.LR_RULES,
     "batch.schedule": ("fixed", "adaptive"),
 }
 _POSITIVE = ("sft.steps", "sft.batch_size", "batch.num_prompts",
@@ -234,3 +244,11 @@ def validate(c: ConfigDict) -> None:
                          "config.noise.split_every > 0")
     if c.rl.algo == "ppo" and not c.model.value_head:
       raise ValueError("config.rl.algo='ppo' needs config.model.value_head=True")
+    if (c.rl.algo == "ppo") != (c.rl.advantage == "gae"):
+      raise ValueError(f"config.rl.advantage={c.rl.advantage!r} with config.rl.algo="
+                       f"{c.rl.algo!r}: PPO's advantages are GAE (advantage='gae'), "
+                       "and GAE needs PPO's critic")
+  try:
+    sharding.parse_rules(c.mesh.rules)
+  except ValueError as e:
+    raise ValueError(f"config.mesh.rules={c.mesh.rules!r}: {e}") from None

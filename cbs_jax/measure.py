@@ -43,7 +43,7 @@ def load_policy(config, workdir: str, setup, round_: int | None = None):
   ckpt_dir = os.path.join(workdir, "checkpoints")
   ckpt = ckpt_lib.Checkpointer(ckpt_dir) if os.path.isdir(ckpt_dir) else None
   step = round_ if round_ is not None else (ckpt.latest_step() if ckpt else None)
-  graphdef, params, _ = train._sft_base(config, workdir, setup)
+  graphdef, params, _ = train.sft_base(config, workdir, setup)
   if step is None or step == 0:
     return graphdef, params, 0
   ckpt.check_model(config.model.to_dict(), step)
@@ -71,7 +71,7 @@ def measure(config, graphdef, params, setup, P: int, K: int, M: int,
   leaf_groups = [gradstats.param_group(p) for p in gradstats.leaf_paths(params)]
   exact, split, groups, rewards = [], [], {}, []
   for i in tqdm.trange(M, desc="measure", disable=not progress):
-    b, r, _ = train._round_batch(c, graphdef, params, params, setup, ROUND_OFFSET + i)
+    b, r, _ = train.round_batch(c, graphdef, params, params, setup, ROUND_OFFSET + i)
     b["on_policy"] = np.ones((P * K,), bool)
     rewards.append(float(r.mean()))
     mom = exact_fn(params, batch=b)

@@ -61,44 +61,47 @@ def _group_centred(rewards_PxK: Array) -> Array:
   return shifted - jnp.mean(shifted, axis=1, keepdims=True)
 
 
-def grpo_advantages(rewards_PxK: Array, eps: float = 1e-6) -> Array:
+def grpo_advantages(rewards_PxK: Array, eps: float = 1e-6, ddof: int = 0) -> Array:
   """GRPO (Shao et al. 2024): ``(r - mean_g) / (std_g + eps)``.
 
-  Choices: ``std_g`` is the POPULATION std over the K rollouts of the group
-  (ddof=0, as ``np.std`` / TRL's default-free formula; an unbiased ddof=1
-  would rescale every advantage by sqrt((K-1)/K)); ``eps`` (default 1e-6) is
-  added to the std, not inside the sqrt.  A group with identical rewards gets
-  exactly zero advantages (0 / eps).
+  Choices: ``std_g`` is the group std over the K rollouts with ``ddof``
+  (``config.rl.adv_std_ddof``). cbs_jax's default is ddof=0 (the population
+  std); TRL, verl and Tunix normalise with ddof=1 (``torch.std``'s default),
+  which divides by a std larger by sqrt(K/(K-1)), so their advantages are
+  ours times sqrt((K-1)/K) -- ours are sqrt(K/(K-1)) larger (1.033x at
+  K=16). ``eps`` (default 1e-6) is added to the std, not inside the sqrt.
+  A group with identical rewards gets exactly zero advantages (0 / eps).
   """
   centred = _group_centred(rewards_PxK)
-  std = jnp.sqrt(jnp.mean(jnp.square(centred), axis=1, keepdims=True))
+  k = rewards_PxK.shape[1]
+  std = jnp.sqrt(jnp.sum(jnp.square(centred), axis=1, keepdims=True) / (k - ddof))
   return centred / (std + eps)
 
 
-def drgrpo_advantages(rewards_PxK: Array, eps: float = 1e-6) -> Array:
+def drgrpo_advantages(rewards_PxK: Array, eps: float = 1e-6, ddof: int = 0) -> Array:
   """Dr. GRPO (Liu et al. 2025): ``r - mean_g`` (no std normalisation).
 
-  ``eps`` is accepted for a uniform signature and unused.
+  ``eps`` and ``ddof`` are accepted for a uniform signature and unused.
   """
-  del eps
+  del eps, ddof
   return _group_centred(rewards_PxK)
 
 
-def rloo_advantages(rewards_PxK: Array, eps: float = 1e-6) -> Array:
+def rloo_advantages(rewards_PxK: Array, eps: float = 1e-6, ddof: int = 0) -> Array:
   """RLOO (Ahmadian et al. 2024): ``r_k - mean_{j != k} r_j``.
 
   Computed as ``K/(K-1) * (r_k - mean_g)`` (an identity), so identical groups
-  give exactly zero.  ``eps`` is unused.
+  give exactly zero.  ``eps`` and ``ddof`` are unused.
   """
-  del eps
+  del eps, ddof
   k = rewards_PxK.shape[1]
   return _group_centred(rewards_PxK) * (k / (k - 1))
 
 
-def batch_std_advantages(rewards_PxK: Array, eps: float = 1e-6) -> Array:
+def batch_std_advantages(rewards_PxK: Array, eps: float = 1e-6, ddof: int = 0) -> Array:
   """``(r - mean_g) / (std_batch + eps)``.
 
-  Group-mean baseline, but the scale is the POPULATION std (ddof=0) of all
+  Group-mean baseline, but the scale is the std (with ``ddof``) of all
   P*K rewards of the batch (as in Hu et al. 2025 / "REINFORCE++ baseline"),
   which avoids GRPO's up-weighting of low-variance groups.  Identical groups
   get exactly zero (their centred rewards are exactly 0).
@@ -106,7 +109,7 @@ def batch_std_advantages(rewards_PxK: Array, eps: float = 1e-6) -> Array:
   flat = rewards_PxK.reshape(-1)
   shifted = flat - flat[0]
   centred = shifted - jnp.mean(shifted)
-  std = jnp.sqrt(jnp.mean(jnp.square(centred)))
+  std = jnp.sqrt(jnp.sum(jnp.square(centred)) / (flat.shape[0] - ddof))
   return _group_centred(rewards_PxK) / (std + eps)
 
 
@@ -119,7 +122,7 @@ ADVANTAGES: dict[str, Callable[..., Array]] = {
 _NEEDS_GROUP = ("grpo", "drgrpo", "rloo")
 
 
-def compute_advantages(name: str, rewards_PxK, eps: float = 1e-6) -> Array:
+def compute_advantages(name: str, rewards_PxK, eps: float = 1e-6, ddof: int = 0) -> Array:
   """Dispatch to ``ADVANTAGES[name]`` after validating the inputs.
 
   Raises ValueError for an unknown ``name`` (listing the known ones), for
@@ -138,7 +141,7 @@ def compute_advantages(name: str, rewards_PxK, eps: float = 1e-6) -> Array:
     raise ValueError(
         f"advantage estimator {name!r} needs K >= 2 rollouts per prompt, "
         f"got K={k}")
-  return ADVANTAGES[name](rewards_PxK, eps)
+  return ADVANTAGES[name](rewards_PxK, eps, ddof)
 
 
 def sequence_to_tokens(adv_seq, mask_BxT) -> Array:
@@ -176,29 +179,27 @@ class LossConfig:
   clip_eps_high: float = 0.2
   clip_c: float | None = None
 
+  def __post_init__(self):
+    if not 0.0 <= self.clip_eps_low < 1.0:
+      raise ValueError(f"clip_eps_low must be in [0, 1), got {self.clip_eps_low}")
+    if self.clip_eps_high < 0.0:
+      raise ValueError(f"clip_eps_high must be >= 0, got {self.clip_eps_high}")
+    if self.clip_c and self.clip_c <= 1.0:
+      raise ValueError(f"clip_c (dual clip) must be > 1 when set, got {self.clip_c}")
+
 
 def _clip_params(cfg: Any) -> tuple[float, float, float | None]:
-  """Read (eps_low, eps_high, clip_c) with LossConfig defaults; validate."""
-  if cfg is None:
-    cfg = LossConfig()
+  """Read (eps_low, eps_high, clip_c) with LossConfig defaults (clip_c 0 = off).
+
+  Values are checked once where they are set -- ``LossConfig`` on
+  construction, ``config.validate`` for a run's config -- not at trace time.
+  """
   default = LossConfig()
-  lo = getattr(cfg, "clip_eps_low", default.clip_eps_low)
-  hi = getattr(cfg, "clip_eps_high", default.clip_eps_high)
+  cfg = default if cfg is None else cfg
+  lo = float(getattr(cfg, "clip_eps_low", default.clip_eps_low))
+  hi = float(getattr(cfg, "clip_eps_high", default.clip_eps_high))
   c = getattr(cfg, "clip_c", default.clip_c)
-  if lo is None or hi is None:
-    raise ValueError("clip_eps_low / clip_eps_high must be set")
-  lo, hi = float(lo), float(hi)
-  if not 0.0 <= lo < 1.0:
-    raise ValueError(f"clip_eps_low must be in [0, 1), got {lo}")
-  if hi < 0.0:
-    raise ValueError(f"clip_eps_high must be >= 0, got {hi}")
-  if c is not None and float(c) != 0.0:
-    c = float(c)
-    if c <= 1.0:
-      raise ValueError(f"clip_c (dual clip) must be > 1 when set, got {c}")
-  else:
-    c = None
-  return lo, hi, c
+  return lo, hi, (float(c) if c else None)
 
 
 def _masked_log_ratio(logp_BxT, logp_old_BxT, mask_BxT) -> Array:
@@ -529,3 +530,49 @@ def value_loss(values_BxT, returns_BxT, mask_BxT, old_values=None,
     v_clip = old + jnp.clip(v - old, -clip, clip)
     loss = jnp.maximum(loss, 0.5 * jnp.square(v_clip - ret))
   return jnp.where(mask > 0, loss, 0.0) * mask
+
+
+# ---------------------------------------------------------------------------
+# Token-level advantages: the one entry point the trainer calls
+# ---------------------------------------------------------------------------
+
+def whiten(x_BxT, mask_BxT, eps: float = 1e-6) -> Array:
+  """``(x - mean) / (std + eps)`` over the valid tokens of the whole batch
+  (population std), 0 on padding. Couples every rollout of the batch."""
+  m = jnp.asarray(mask_BxT).astype(jnp.float32)
+  n = jnp.maximum(m.sum(), 1.0)
+  mu = jnp.sum(x_BxT * m) / n
+  sd = jnp.sqrt(jnp.sum(jnp.square(x_BxT - mu) * m) / n)
+  return (x_BxT - mu) / (sd + eps) * m
+
+
+def gae_advantages(rewards_PxK, mask_BxT, values_BxT, gamma: float, lam: float,
+                   whiten_batch: bool = True):
+  """PPO's advantages: the terminal reward on each rollout's last token,
+  GAE(gamma, lam) against the critic's values, then (``whiten_batch``)
+  whitened over the batch's valid tokens. Returns ``(adv_BxT, returns_BxT)``."""
+  tok_r = terminal_rewards_to_tokens(jnp.asarray(rewards_PxK).reshape(-1), mask_BxT)
+  adv, returns = gae(tok_r, values_BxT, mask_BxT, gamma, lam)
+  return (whiten(adv, mask_BxT) if whiten_batch else adv * mask_BxT), returns
+
+
+# every name ``config.rl.advantage`` accepts: the group estimators and GAE
+ADVANTAGE_KINDS = tuple(ADVANTAGES) + ("gae",)
+
+
+def token_advantages(cfg, rewards_PxK, mask_BxT, values_BxT=None):
+  """Advantages on tokens for the estimator ``cfg.advantage`` (``config.rl``).
+
+  Group estimators (``ADVANTAGES``) give one value per rollout, broadcast
+  over its valid tokens, with zero returns; ``"gae"`` needs the critic's
+  ``values_BxT``. Returns ``(adv_BxT, returns_BxT)``, both 0 on padding.
+  """
+  mask = jnp.asarray(mask_BxT)
+  if cfg.advantage == "gae":
+    if values_BxT is None:
+      raise ValueError("advantage 'gae' needs critic values (a model with a value head)")
+    return gae_advantages(rewards_PxK, mask, values_BxT, cfg.gamma, cfg.lam,
+                          getattr(cfg, "adv_whiten", True))
+  adv = compute_advantages(cfg.advantage, rewards_PxK, cfg.adv_eps,
+                           getattr(cfg, "adv_std_ddof", 0))
+  return sequence_to_tokens(adv, mask), jnp.zeros(mask.shape, jnp.float32)

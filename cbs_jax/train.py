@@ -1,19 +1,30 @@
-"""``train_and_evaluate(config, workdir)``: the RL loop wires the pieces.
+"""``train_and_evaluate(config, workdir)``: the RL loop wires named steps.
 
-One round: draw P prompts, sample K rollouts each from the behaviour policy
-(the current one, or one ``staleness`` rounds old), verify, compute
-advantages, then ``num_minibatches x num_epochs`` jitted optimizer updates
-over prompt-level minibatches of that round. The first update of an
-on-policy round is exactly on-policy (its old log-probs are the trainer's
-own, stop-gradient, so ratios are exactly 1); later updates use importance
-ratios against the sampler's behaviour log-probs.
+One round of the loop (``_train_rl``) is
+
+    P = choose_prompts(run, rnd)               # fixed, or the adaptive controller
+    batch = round_batch(...)                   # generate, verify, advantages
+    upd = update_round(run, batch, rnd, P)     # every update of the round: ONE jitted call
+    row = round_row(...) | noise_row(...)      # metrics of the round
+    evaluate(run, params), checkpoint(run, r1)
+
+``update_round`` runs all ``num_minibatches x num_epochs`` optimizer updates
+of a round as one jitted function: the prompt permutation of each epoch is
+made once on the host (from (seed, round) alone), minibatches are gathered
+to a leading axis inside the jit and ``lax.scan`` walks them with the
+learning rates passed in as an array. The first update of an on-policy round
+is exactly on-policy (its old log-probs are the trainer's own, stop-gradient,
+so ratios are exactly 1); later updates use importance ratios against the
+sampler's behaviour log-probs. Noise statistics ride on the first update
+(split path every ``noise.split_every`` rounds, exact per-rollout moments
+every ``noise.exact_every``) and, under drift, exact per-rollout
+trace_intra at every update (``noise.drift_every``); one exact computation
+serves both when they coincide.
 
 Each round's randomness (prompts, sampling keys, minibatch order) derives
 from (seed, round) alone, so a run resumed from a checkpoint repeats the
-uninterrupted run exactly. Noise statistics (split path every
-``noise.split_every`` rounds, exact path every ``noise.exact_every``,
-per-update trace_intra under drift every ``noise.drift_every``) and drift
-statistics go into ``metrics.jsonl`` and TensorBoard.
+uninterrupted run exactly. Every step is a public function, reused by
+``measure``, ``sweep`` and the experiments.
 """
 from __future__ import annotations
 
@@ -22,6 +33,7 @@ import functools
 import json
 import os
 import time
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -40,7 +52,6 @@ from cbs_jax import noise
 from cbs_jax import objective
 from cbs_jax import rl
 from cbs_jax import rollouts
-from cbs_jax import sampling
 from cbs_jax import scoring
 from cbs_jax import sft
 from cbs_jax import sharding
@@ -87,7 +98,9 @@ def prepare(config: ml_collections.ConfigDict) -> Setup:
   return Setup(task, tok, layout, eval_problems)
 
 
-def _sft_base(config, workdir, setup):
+def sft_base(config, workdir: str, setup: Setup):
+  """(graphdef, params, summary) of the SFT base: ``config.sft.base_dir``
+  (relative to ``workdir`` unless absolute), trained there if missing."""
   base_dir = config.sft.base_dir
   if not os.path.isabs(base_dir):
     base_dir = os.path.join(workdir, base_dir)
@@ -95,17 +108,20 @@ def _sft_base(config, workdir, setup):
                        setup.eval_problems)
 
 
-def _take(batch: dict, idx) -> dict:
-  return {k: jnp.take(v, idx, axis=0) for k, v in batch.items()}
-
-
 # teacher-forced scoring of a whole round (PPO values, KL reference), compiled once
 _score = jax.jit(scoring.score, static_argnums=(0, 6, 7, 8))
 
 
-def _round_batch(config, graphdef, behaviour, ref_params, setup, rnd, P=None, mesh=None):
-  """Generate and score one round of P prompts (default: config.batch.num_prompts)
-  x K rollouts; returns (batch arrays, rewards, gen info)."""
+def round_batch(config, graphdef, behaviour, ref_params, setup: Setup, rnd: int,
+                P: int | None = None, mesh=None):
+  """Generate, verify and score one round of P prompts (default
+  ``config.batch.num_prompts``) x K rollouts from the ``behaviour`` params.
+
+  Returns ``(batch, rewards_PxK, gen)``: ``batch`` holds the arrays of
+  ``objective.BATCH_KEYS`` but ``on_policy`` (set per update), with
+  advantages from ``rl.token_advantages`` (PPO: critic values of the
+  behaviour params, GAE, whitening); ``gen`` is the rollout output.
+  """
   P = P or config.batch.num_prompts
   K = config.batch.rollouts_per_prompt
   problems = setup.task.sample(np.random.default_rng([config.seed, 1, rnd]), P)
@@ -114,63 +130,121 @@ def _round_batch(config, graphdef, behaviour, ref_params, setup, rnd, P=None, me
   out = rollouts.rollout(graphdef, behaviour, setup.task, setup.tok, problems, K, key,
                          setup.layout, sc.temperature, sc.top_k, sc.top_p, mesh)
   mask = out["completion_mask"]
-  rewards = out["rewards"]
   b = dict(prompt=out["prompt"], prompt_mask=out["prompt_mask"],
            completion=out["completion"], completion_mask=mask,
            logp_old=out["logp_old"])
+  score = lambda p: _score(graphdef, p, b["prompt"], b["prompt_mask"], b["completion"],
+                           mask, sc.temperature, sc.top_k, sc.top_p)
+  values = score(behaviour).values if config.rl.advantage == "gae" else None
+  b["adv"], b["returns"] = rl.token_advantages(config.rl, jnp.asarray(out["rewards"]),
+                                               mask, values)
   zeros = jnp.zeros_like(mask)
-  if config.rl.algo == "ppo":
-    values = _score(graphdef, behaviour, b["prompt"], b["prompt_mask"],
-                    b["completion"], mask, sc.temperature, sc.top_k, sc.top_p).values
-    tok_r = rl.terminal_rewards_to_tokens(jnp.asarray(rewards.reshape(-1)), mask)
-    adv, returns = rl.gae(tok_r, values, mask, config.rl.gamma, config.rl.lam)
-    n = jnp.maximum(mask.sum(), 1.0)
-    mu = jnp.sum(adv * mask) / n
-    sd = jnp.sqrt(jnp.sum(jnp.square(adv - mu) * mask) / n)
-    b.update(adv=(adv - mu) / (sd + 1e-6) * mask, returns=returns, old_values=values)
-  else:
-    adv = rl.compute_advantages(config.rl.advantage, jnp.asarray(rewards),
-                                config.rl.adv_eps)
-    b.update(adv=adv.reshape(-1)[:, None] * mask, returns=zeros, old_values=zeros)
-  if config.rl.kl_beta:
-    b["logp_ref"] = _score(graphdef, ref_params, b["prompt"], b["prompt_mask"],
-                           b["completion"], mask, sc.temperature, sc.top_k,
-                           sc.top_p).logprobs
-  else:
-    b["logp_ref"] = zeros
-  return b, rewards, out
+  b["old_values"] = zeros if values is None else values
+  b["logp_ref"] = score(ref_params).logprobs if config.rl.kl_beta else zeros
+  return b, out["rewards"], out
 
 
-class Trainer:
-  """Holds the jitted update functions of one run (config captured by closure)."""
+# --------------------------------------------------------------------- updates
 
-  def __init__(self, config, graphdef, tx, P_mb: int):
-    self.config, self.graphdef, self.tx = config, graphdef, tx
-    c = config
-    self.K = c.batch.rollouts_per_prompt
-    self.P_mb = P_mb
-    self.update_plain = jax.jit(functools.partial(self._update, split=False),
-                                donate_argnums=(0,))
-    self.update_split = jax.jit(functools.partial(self._update, split=True),
-                                donate_argnums=(0,))
-    self.exact_moments = jax.jit(functools.partial(
-        gradstats.group_moments, graphdef=graphdef, P=self.P_mb, K=self.K,
-        rl_cfg=c.rl, sampling_cfg=c.sampling, chunk_prompts=c.noise.chunk_prompts))
+class RoundUpdater:
+  """Every optimizer update of one round as one jitted, donated call.
+
+  ``__call__(state, batch, idx_UxB, lrs_U, on_policy_first, split=, exact=,
+  drift=)`` gathers the U minibatches ``batch[idx_UxB[j]]``, runs the first
+  update (with the split-microbatch gradient when ``split``; exact
+  per-rollout moments at its parameters when ``exact`` or ``drift``), then
+  ``lax.scan``s the other U-1 (exact trace_intra before each when
+  ``drift``). Returns ``(state, metrics, extras)``: ``metrics`` a dict of
+  [U] arrays, ``extras`` the split / preconditioned-split / exact moments
+  and per-update drift estimates that were asked for. One compile per
+  combination of the static flags.
+  """
+
+  def __init__(self, config, graphdef, tx, P_mb: int, mesh=None):
+    self.c, self.graphdef, self.tx, self.P_mb = config, graphdef, tx, P_mb
+    self.K = config.batch.rollouts_per_prompt
+    self.mesh = mesh
+    self._fns = {}
+
+  def __call__(self, state, batch, idx_UxB, lrs_U, on_policy_first, *, split=False,
+               exact=False, drift=False):
+    flags = (bool(split), bool(exact), bool(drift))
+    if flags not in self._fns:
+      self._fns[flags] = jax.jit(functools.partial(
+          self._round, split=flags[0], exact=flags[1], drift=flags[2]), donate_argnums=(0,))
+    return self._fns[flags](state, batch, jnp.asarray(idx_UxB, jnp.int32),
+                            jnp.asarray(lrs_U, jnp.float32), jnp.asarray(on_policy_first))
+
+  def _exact_moments(self, params, mb):
+    c = self.c
+    return gradstats.group_moments(params, self.graphdef, mb, self.P_mb, self.K, c.rl,
+                                   c.sampling, c.noise.chunk_prompts)
+
+  def _drift_estimates(self, moments):
+    est = noise.exact_estimates(gradstats.sum_leaves(moments))
+    return dict(trace_intra=est["trace_intra"], g2=est["g2"])
+
+  def _place(self, x):
+    """Split a minibatch's rollout axis over the mesh's data axis."""
+    if self.mesh is None or x.shape[0] % self.mesh.shape["data"]:
+      return x
+    spec = jax.sharding.PartitionSpec("data")
+    return jax.lax.with_sharding_constraint(x, jax.sharding.NamedSharding(self.mesh, spec))
+
+  def _round(self, state, batch, idx_UxB, lrs_U, on_policy_first, *, split, exact, drift):
+    B_mb = idx_UxB.shape[1]
+    mbs = jax.tree.map(lambda x: x[idx_UxB], batch)  # leaves [U, B_mb, ...]
+    take = lambda j: {k: self._place(v[j]) for k, v in mbs.items()}
+    first = dict(take(0), on_policy=jnp.full((B_mb,), on_policy_first))
+    extras = {}
+    if exact or drift:
+      moments = self._exact_moments(state["params"], first)
+      if exact:
+        extras["exact"] = moments
+      if drift:
+        d0 = self._drift_estimates(moments)
+    state, m0, sm = self._update(state, first, lrs_U[0], split=split)
+    if split:
+      extras["split"], extras["split_adam"] = sm
+    metrics = jax.tree.map(lambda x: x[None], m0)
+    drifts = jax.tree.map(lambda x: x[None], d0) if drift else None
+    U = idx_UxB.shape[0]
+    if U > 1:
+      rest = {k: v[1:] for k, v in mbs.items()}
+
+      def body(state, xs):
+        mb, lr = xs
+        mb = dict({k: self._place(v) for k, v in mb.items()},
+                  on_policy=jnp.zeros((B_mb,), bool))
+        d = self._drift_estimates(self._exact_moments(state["params"], mb)) if drift else {}
+        state, m, _ = self._update(state, mb, lr, split=False)
+        return state, (m, d)
+
+      state, (ms, ds) = jax.lax.scan(body, state, (rest, lrs_U[1:]))
+      cat = lambda a, b: jnp.concatenate([a, b])
+      metrics = jax.tree.map(cat, metrics, ms)
+      if drift:
+        drifts = jax.tree.map(cat, drifts, ds)
+    if drift:
+      extras["drift"] = drifts
+    return state, metrics, extras
 
   def _update(self, state, mb, lr, *, split):
-    c, graphdef = self.config, self.graphdef
+    """One optimizer update on minibatch ``mb``; returns (state, metrics,
+    (split moments, split moments in Adam's metric) or None)."""
+    c, graphdef = self.c, self.graphdef
     params, opt_state = state["params"], state["opt_state"]
-    on_policy = mb["on_policy"][0]
     moments = None
     if split:
       loss, grads, aux, moments = gradstats.split_grads(
           params, graphdef, mb, self.P_mb, self.K, c.rl, c.sampling)
+      moments = (moments, None)
     else:
       counts = objective.counts_of(mb)
       (loss, aux), grads = jax.value_and_grad(objective.batch_loss, has_aux=True)(
           params, graphdef, mb, counts, c.rl, c.sampling)
     gnorm = optax.tree.norm(grads)
-    opt_state.hyperparams["learning_rate"] = jnp.asarray(lr, jnp.float32)
+    opt_state.hyperparams["learning_rate"] = lr
     updates, new_opt = self.tx.update(grads, opt_state, params)
     new_params = optax.apply_updates(params, updates)
     unorm = optax.tree.norm(updates)  # a finite loss/grad can still give a non-finite step
@@ -182,12 +256,164 @@ class Trainer:
     # sampler vs trainer log-probs of the same tokens at the same parameters
     # (meaningful on on-policy updates only): a health check of the layout.
     gap = jnp.max(jnp.abs(aux["logp"] - mb["logp_old"]) * mask)
-    m = dict(loss=loss, grad_norm=gnorm, update_norm=unorm, finite=finite,
+    m = dict(loss=loss, grad_norm=gnorm, update_norm=unorm, finite=finite, lr=lr,
+             grad_clipped=(gnorm > c.optim.grad_clip) if c.optim.grad_clip else False,
              entropy=jnp.sum(aux["entropy"]) / ntok,
-             sampler_logp_gap=jnp.where(on_policy, gap, jnp.nan))
+             sampler_logp_gap=jnp.where(mb["on_policy"][0], gap, jnp.nan))
     m.update(drift.drift_stats(aux["logp_old"], aux["logp"], mask, c.rl.clip_eps_low,
                                c.rl.clip_eps_high, mb["adv"]))
     return state, m, moments
+
+
+def adam_metric(opt_state, oc):
+  """Per-parameter ``1 / (sqrt(nu_hat) + eps)`` of the Adam state (before this
+  update), or None where the state has no Adam moments. At step 0 (nu = 0)
+  the metric is all 1/eps: its noise scale is then flagged by the caller."""
+  found = [s for s in jax.tree.leaves(opt_state,
+                                      is_leaf=lambda x: isinstance(x, optax.ScaleByAdamState))
+           if isinstance(s, optax.ScaleByAdamState)]
+  if len(found) != 1:
+    return None
+  st = found[0]
+  corr = 1.0 - oc.b2 ** jnp.maximum(st.count, 1).astype(jnp.float32)
+  return jax.tree.map(lambda v: 1.0 / (jnp.sqrt(v / corr) + oc.eps), st.nu)
+
+
+# ------------------------------------------------------------------------ run
+
+@dataclasses.dataclass
+class Run:
+  """The live state of one RL run (what the loop's steps read and write)."""
+  config: Any
+  workdir: str
+  setup: Setup
+  ckpt: Any
+  mesh: Any
+  graphdef: Any
+  base_params: Any
+  base_summary: dict
+  tx: Any
+  state: dict
+  meta: dict
+  ema: noise.NoiseEMA
+  controller: Any
+  writer: Any
+  leaf_groups: list
+  updaters: dict = dataclasses.field(default_factory=dict)
+
+  def updater(self, P_mb: int) -> RoundUpdater:
+    """One set of compiled update functions per prompts-per-update bucket."""
+    if P_mb not in self.updaters:
+      self.updaters[P_mb] = RoundUpdater(self.config, self.graphdef, self.tx, P_mb, self.mesh)
+    return self.updaters[P_mb]
+
+
+def start_run(config, workdir: str, setup: Setup) -> Run:
+  """Resume ``workdir``'s run or start it from the SFT base (built if missing)."""
+  c = config
+  ckpt = ckpt_lib.Checkpointer(os.path.join(workdir, "checkpoints"))
+  resume = ckpt.latest_step()
+  if resume is not None:
+    ckpt.check_model(c.model.to_dict())  # before any compile or write
+  mesh = sharding.make_mesh(c.mesh.data, c.mesh.model)  # before anything compiles
+  graphdef, base_params, base_summary = sft_base(c, workdir, setup)
+  base_params = sharding.shard_params(base_params, mesh, sharding.parse_rules(c.mesh.rules))
+  tx = make_optimizer(c.optim)
+  copy = lambda t: jax.tree.map(jnp.copy, t)  # updates donate their params
+  state = dict(params=copy(base_params), opt_state=tx.init(base_params),
+               history=[copy(base_params) for _ in range(c.batch.staleness)])
+  ema = noise.NoiseEMA(c.noise.ema_decay)
+  meta = dict(round=0, step=0, rollouts_seen=0, consecutive_nonfinite=0,
+              skipped_updates=0, base_pass_rate=None, seconds=0.0)
+  if resume is not None:
+    state, meta = ckpt.restore(resume, state)
+    ema.load_state_dict(meta["ema"])
+  controller = None
+  if c.batch.schedule == "adaptive":
+    controller = batch_lib.AdaptiveBatch(
+        c.batch.rollouts_per_prompt, c.batch.adaptive_min_prompts,
+        c.batch.adaptive_max_prompts, c.batch.adaptive_factor, c.batch.adaptive_every,
+        prompts=meta.get("prompts", c.batch.num_prompts))
+  writer = metrics_lib.MetricsWriter(workdir, resume_round=meta["round"] + 1)
+  leaf_groups = [gradstats.param_group(p) for p in gradstats.leaf_paths(base_params)]
+  return Run(c, workdir, setup, ckpt, mesh, graphdef, base_params, base_summary, tx,
+             state, meta, ema, controller, writer, leaf_groups)
+
+
+def evaluate(run: Run, params) -> dict:
+  """Held-out eval: sampled pass@1 overall and by difficulty, as metrics fields."""
+  c, s = run.config, run.setup
+  ev = rollouts.pass_rate(run.graphdef, params, s.task, s.tok, s.eval_problems,
+                          jax.random.key(c.train.eval_seed), s.layout,
+                          c.train.eval_temperature)
+  row = {"eval_pass_rate": ev["pass_rate"]}
+  row.update({f"eval_pass_rate_d{d}": v for d, v in ev["by_difficulty"].items()})
+  return row
+
+
+def choose_prompts(run: Run, rnd: int) -> int:
+  """P for round ``rnd``: the config's, or the adaptive controller's choice."""
+  if run.controller is None:
+    return run.config.batch.num_prompts
+  K = run.config.batch.rollouts_per_prompt
+  # B_noise at the run's K from the tracker (P only enters its validation)
+  P = run.controller.update(rnd, run.ema.stats(2, K).b_noise if run.ema.count else float("nan"))
+  run.meta["prompts"] = P
+  return P
+
+
+def update_round(run: Run, batch: dict, rnd: int, P: int):
+  """All updates of round ``rnd`` (minibatches x epochs) in one jitted call.
+
+  Returns ``(rows, extras)``: one host dict of metrics per update and the
+  noise moments / drift estimates that were due this round."""
+  c, meta = run.config, run.meta
+  K, M, E = c.batch.rollouts_per_prompt, c.batch.num_minibatches, c.batch.num_epochs
+  P_mb = P // M
+  order_rng = np.random.default_rng([c.seed, 2, rnd])
+  idx = []
+  for _ in range(E):
+    perm = order_rng.permutation(P)
+    for mbi in range(M):
+      p = perm[mbi * P_mb:(mbi + 1) * P_mb]
+      idx.append((p[:, None] * K + np.arange(K)[None]).reshape(-1))
+  lr_base = c.optim.lr * batch_lib.lr_scale(c.optim.lr_rule, P_mb * K, c.optim.ref_batch)
+  lrs = [lr_base * batch_lib.warmup(meta["step"] + j, c.optim.warmup_steps)
+         for j in range(len(idx))]
+  due = lambda every: bool(every) and rnd % every == 0
+  if c.batch.staleness:  # params are about to change: remember this round's start
+    copy = jax.tree.map(jnp.copy, run.state["params"])
+    run.state["history"] = run.state["history"][1:] + [copy]
+  train_state = dict(params=run.state["params"], opt_state=run.state["opt_state"])
+  new_state, metrics, extras = run.updater(P_mb)(
+      train_state, sharding.shard_batch(batch, run.mesh), np.stack(idx), lrs,
+      c.batch.staleness == 0, split=due(c.noise.split_every),
+      exact=due(c.noise.exact_every), drift=due(c.noise.drift_every))
+  run.state.update(new_state)
+  metrics, extras = jax.device_get((metrics, extras))  # one read per round
+  rows = [{k: v[j] for k, v in metrics.items()} | {"lr": lrs[j]} for j in range(len(idx))]
+  meta["step"] += len(rows)
+  return rows, extras
+
+
+def check_finite(run: Run, rows: list, r1: int) -> None:
+  """Count skipped (non-finite) updates; raise after too many in a row."""
+  meta, c = run.meta, run.config
+  for j, m in enumerate(rows):
+    if bool(m["finite"]):
+      meta["consecutive_nonfinite"] = 0
+      continue
+    meta["consecutive_nonfinite"] += 1
+    meta["skipped_updates"] += 1
+    if meta["consecutive_nonfinite"] >= c.train.max_consecutive_nonfinite:
+      run.writer.close()
+      step = meta["step"] - len(rows) + j + 1
+      raise NonFiniteError(
+          f"{meta['consecutive_nonfinite']} consecutive non-finite updates "
+          f"(round {r1}, update {j + 1} of the round, optimizer step {step}: "
+          f"loss={m['loss']}, grad_norm={m['grad_norm']}, update_norm={m['update_norm']}); "
+          f"parameters were not changed by them; last checkpoint: round "
+          f"{run.ckpt.latest_step()}")
 
 
 def _mean(rows, key):
@@ -195,13 +421,75 @@ def _mean(rows, key):
   return float(np.mean(vals)) if vals else None
 
 
-def _noise_row(prefix: str, s: noise.NoiseStats) -> dict:
+def noise_row(prefix: str, s: noise.NoiseStats) -> dict:
+  """Metrics fields ``prefix/{g2, trace_intra, ..., ratio}`` of one NoiseStats."""
   keys = ("g2", "trace_intra", "trace_inter", "b_intra", "b_inter", "b_noise", "ratio")
   row = {f"{prefix}/{k}": getattr(s, k) for k in keys}
   if s.flag:
     row[f"{prefix}/flag"] = s.flag
   return row
 
+
+def round_row(run: Run, r1: int, P: int, rewards, gen, rows: list, extras: dict,
+              t_gen: float, t_upd: float) -> dict:
+  """The metrics row of round ``r1`` (1-based): batch, rewards, updates,
+  drift and the noise statistics that were due."""
+  c, meta = run.config, run.meta
+  K = c.batch.rollouts_per_prompt
+  P_mb = P // c.batch.num_minibatches
+  N = P * K
+  gen_tokens = float(np.asarray(gen["completion_mask"]).sum())
+  row = {"round": r1, "batch_size": N, "rollouts_per_update": P_mb * K,
+         "reward_mean": float(rewards.mean()),
+         "frac_groups_mixed": float(np.mean(rewards.std(axis=1) > 0)),
+         "completion_len": float(np.mean(np.asarray(gen["lengths"]))),
+         "rollouts_seen": meta["rollouts_seen"], "lr": rows[-1]["lr"],
+         "num_updates": len(rows), "gen_seconds": t_gen, "update_seconds": t_upd,
+         "tokens_per_s": gen_tokens / max(t_gen, 1e-9),
+         "skipped_updates": meta["skipped_updates"]}
+  for k in ("loss", "grad_norm", "entropy", "sampler_logp_gap", "grad_clipped") + \
+      drift.DRIFT_KEYS:
+    row[k] = _mean(rows, k)
+  if len(rows) > 1:
+    for k in ("kappa_k1", "kappa_k3", "clip_frac_low", "clip_frac_high", "ess"):
+      row[f"{k}_by_update"] = [float(u[k]) for u in rows]
+  if "split" in extras:
+    est = noise.split_estimates(gradstats.sum_leaves(extras["split"]))
+    row.update(noise_row("noise_split", noise.noise_stats(est, P_mb, K)))
+    row.update(noise_row("noise_ema", run.ema.update(est, P_mb, K)))
+    if extras.get("split_adam") is not None:
+      est = noise.split_estimates(gradstats.sum_leaves(extras["split_adam"]))
+      row.update(noise_row("noise_split_adam", noise.noise_stats(est, P_mb, K)))
+  if "exact" in extras:
+    mom = extras["exact"]
+    row.update(noise_row("noise_exact", noise.noise_stats(
+        noise.exact_estimates(gradstats.sum_leaves(mom)), P_mb, K)))
+    for g, gm in gradstats.sum_leaves(mom, run.leaf_groups).items():
+      est = noise.exact_estimates(gm)
+      for k in ("trace_intra", "trace_inter", "g2"):
+        row[f"noise_exact/{k}/{g}"] = float(est[k])
+  if "drift" in extras:
+    row["trace_intra_by_update"] = [float(x) for x in extras["drift"]["trace_intra"]]
+    row["g2_by_update"] = [float(x) for x in extras["drift"]["g2"]]
+  return row
+
+
+def log_row(run: Run, row: dict, bar) -> None:
+  run.writer.write(row)
+  ev = row.get("eval_pass_rate")
+  bar.set_postfix(reward=f"{row['reward_mean']:.3f}", pass_rate="-" if ev is None
+                  else f"{ev:.3f}")
+  if not run.config.train.progress:
+    keys = ("round", "reward_mean", "loss", "entropy", "eval_pass_rate")
+    print(json.dumps({k: row[k] for k in keys if k in row}), flush=True)
+
+
+def checkpoint(run: Run, r1: int) -> None:
+  run.meta.update(round=r1, ema=run.ema.state_dict(), model=run.config.model.to_dict())
+  run.ckpt.save(r1, run.state, run.meta)
+
+
+# ----------------------------------------------------------------------- loop
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   """Run (or resume) training in ``workdir``; returns the end-of-run summary."""
@@ -216,187 +504,53 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   return _train_rl(config, workdir, setup)
 
 
+def _train_rl(c, workdir, setup):
+  t_start = time.time()
+  run = start_run(c, workdir, setup)
+  meta = run.meta
+  if meta["base_pass_rate"] is None:
+    ev = evaluate(run, run.state["params"])
+    meta["base_pass_rate"] = ev["eval_pass_rate"]
+    run.writer.write({"round": 0, "rollouts_seen": 0} | ev)
+  end = meta["round"] if meta.get("stopped_at_target") else c.train.num_rounds
+  bar = tqdm.tqdm(range(meta["round"], end), initial=meta["round"], desc="rl",
+                  total=c.train.num_rounds, disable=not c.train.progress, mininterval=1.0)
+  for rnd in bar:
+    r1, t0 = rnd + 1, time.time()
+    P = choose_prompts(run, rnd)
+    behaviour = run.state["history"][0] if c.batch.staleness else run.state["params"]
+    batch, rewards, gen = round_batch(c, run.graphdef, behaviour, run.base_params, setup,
+                                      rnd, P, run.mesh)
+    t_gen = time.time() - t0
+    rows, extras = update_round(run, batch, rnd, P)
+    check_finite(run, rows, r1)
+    meta["rollouts_seen"] += P * c.batch.rollouts_per_prompt
+    row = round_row(run, r1, P, rewards, gen, rows, extras, t_gen, time.time() - t0 - t_gen)
+    if (c.train.eval_every and r1 % c.train.eval_every == 0) or r1 == c.train.num_rounds:
+      row.update(evaluate(run, run.state["params"]))
+    meta["seconds"] += time.time() - t0
+    log_row(run, row, bar)
+    reached = bool(c.train.stop_at_pass_rate) and \
+        row.get("eval_pass_rate", -1.0) >= c.train.stop_at_pass_rate
+    if (c.train.checkpoint_every and r1 % c.train.checkpoint_every == 0) or \
+        r1 == c.train.num_rounds or reached:
+      checkpoint(run, r1)
+    if reached:
+      meta["stopped_at_target"] = True
+      break
+  bar.close()
+  run.writer.close()
+  run.ckpt.close()
+  summary = _summarise(c, workdir, meta, run.base_summary, time.time() - t_start)
+  _write_summary(workdir, summary)
+  return summary
+
+
 def _write_summary(workdir, summary):
   path = os.path.join(workdir, "summary.json")
   with open(path + ".tmp", "w") as f:  # atomic: a kill never leaves a torn summary
     json.dump(summary, f, indent=2, default=float)
   os.replace(path + ".tmp", path)
-
-
-def _train_rl(config, workdir, setup):
-  c = config
-  ckpt = ckpt_lib.Checkpointer(os.path.join(workdir, "checkpoints"))
-  model_meta = c.model.to_dict()
-  resume = ckpt.latest_step()
-  if resume is not None:
-    ckpt.check_model(model_meta)  # before any compile or write
-  t_start = time.time()
-  mesh = sharding.make_mesh(c.mesh.data, c.mesh.model)  # before anything compiles
-  graphdef, base_params, base_summary = _sft_base(c, workdir, setup)
-  base_params = sharding.shard_params(base_params, mesh)  # opt state and copies follow
-  tx = make_optimizer(c.optim)
-  K = c.batch.rollouts_per_prompt
-  history_len = c.batch.staleness
-  copy = lambda t: jax.tree.map(jnp.copy, t)  # updates donate their params
-  state = dict(params=copy(base_params), opt_state=tx.init(base_params),
-               history=[copy(base_params) for _ in range(history_len)])
-  ema = noise.NoiseEMA(c.noise.ema_decay)
-  meta = dict(round=0, step=0, rollouts_seen=0, consecutive_nonfinite=0,
-              skipped_updates=0, base_pass_rate=None, seconds=0.0)
-  if resume is not None:
-    state, meta = ckpt.restore(resume, state)
-    ema.load_state_dict(meta["ema"])
-  start = meta["round"]
-  controller = None
-  if c.batch.schedule == "adaptive":
-    controller = batch_lib.AdaptiveBatch(
-        K, c.batch.adaptive_min_prompts, c.batch.adaptive_max_prompts,
-        c.batch.adaptive_factor, c.batch.adaptive_every,
-        prompts=meta.get("prompts", c.batch.num_prompts))
-  trainers = {}  # one set of jitted functions per prompts-per-update bucket
-
-  def get_trainer(P_mb):
-    if P_mb not in trainers:
-      trainers[P_mb] = Trainer(c, graphdef, tx, P_mb)
-    return trainers[P_mb]
-
-  writer = metrics_lib.MetricsWriter(workdir, resume_round=start + 1)
-  eval_key = jax.random.key(c.train.eval_seed)
-  evaluate = lambda p: rollouts.pass_rate(graphdef, p, setup.task, setup.tok,
-                                          setup.eval_problems, eval_key, setup.layout,
-                                          c.train.eval_temperature)
-  if meta["base_pass_rate"] is None:
-    meta["base_pass_rate"] = evaluate(state["params"])["pass_rate"]
-    writer.write({"round": 0, "rollouts_seen": 0, "eval_pass_rate": meta["base_pass_rate"]})
-  leaf_groups = [gradstats.param_group(p) for p in gradstats.leaf_paths(base_params)]
-  interactive = c.train.progress
-  end = start if meta.get("stopped_at_target") else c.train.num_rounds
-  bar = tqdm.tqdm(range(start, end), initial=start, total=c.train.num_rounds,
-                  desc="rl", disable=not interactive, mininterval=1.0)
-  last_eval = None
-  for rnd in bar:
-    r1 = rnd + 1
-    t0 = time.time()
-    P = c.batch.num_prompts
-    if controller is not None:
-      # B_noise at the run's K from the tracker (P only enters its validation)
-      P = controller.update(rnd, ema.stats(2, K).b_noise if ema.count else float("nan"))
-      meta["prompts"] = P
-    N = P * K
-    n_update = N // c.batch.num_minibatches
-    trainer = get_trainer(P // c.batch.num_minibatches)
-    behaviour = state["history"][0] if history_len else state["params"]
-    b, rewards, gen = _round_batch(c, graphdef, behaviour, base_params, setup, rnd, P, mesh)
-    jax.block_until_ready(b["adv"])
-    t_gen = time.time() - t0
-    row = {"round": r1, "batch_size": N, "rollouts_per_update": n_update,
-           "reward_mean": float(rewards.mean()),
-           "frac_groups_mixed": float(np.mean(rewards.std(axis=1) > 0)),
-           "completion_len": float(np.mean(np.asarray(gen["lengths"])))}
-    # ---- updates over minibatches x epochs
-    t1 = time.time()
-    lr_base = c.optim.lr * batch_lib.lr_scale(c.optim.lr_rule, n_update, c.optim.ref_batch)
-    order_rng = np.random.default_rng([c.seed, 2, rnd])
-    upd_rows, split_stats, drift_pairs = [], None, []
-    if history_len:  # params are about to change: remember this round's start
-      state["history"] = state["history"][1:] + [copy(state["params"])]
-    j = 0
-    for epoch in range(c.batch.num_epochs):
-      perm = order_rng.permutation(P)
-      for mbi in range(c.batch.num_minibatches):
-        prompts_idx = perm[mbi * trainer.P_mb:(mbi + 1) * trainer.P_mb]
-        idx = (prompts_idx[:, None] * K + np.arange(K)[None]).reshape(-1)
-        mb = sharding.shard_batch(_take(b, jnp.asarray(idx)), mesh)
-        mb["on_policy"] = jnp.full((len(idx),), history_len == 0 and j == 0)
-        do_split = bool(c.noise.split_every) and j == 0 and rnd % c.noise.split_every == 0
-        if c.noise.exact_every and j == 0 and rnd % c.noise.exact_every == 0:
-          mom = trainer.exact_moments(state["params"], batch=mb)
-          tot = gradstats.sum_leaves(mom)
-          st = noise.noise_stats(noise.exact_estimates(tot), trainer.P_mb, K)
-          row.update(_noise_row("noise_exact", st))
-          for g, gm in gradstats.sum_leaves(mom, leaf_groups).items():
-            est = noise.exact_estimates(gm)
-            row[f"noise_exact/trace_intra/{g}"] = float(est["trace_intra"])
-            row[f"noise_exact/trace_inter/{g}"] = float(est["trace_inter"])
-            row[f"noise_exact/g2/{g}"] = float(est["g2"])
-        if c.noise.drift_every and rnd % c.noise.drift_every == 0:
-          mom = trainer.exact_moments(state["params"], batch=mb)
-          drift_pairs.append(noise.exact_estimates(gradstats.sum_leaves(mom)))
-        lr = lr_base * batch_lib.warmup(meta["step"], c.optim.warmup_steps)
-        update = trainer.update_split if do_split else trainer.update_plain
-        new_state, m, moments = update(
-            dict(params=state["params"], opt_state=state["opt_state"]), mb, lr)
-        state.update(new_state)
-        m["lr"] = lr
-        upd_rows.append(m)  # device values: read once per round, not per update
-        if moments is not None:
-          split_stats = noise.split_estimates(gradstats.sum_leaves(moments))
-        meta["step"] += 1
-        j += 1
-    upd_rows = jax.device_get(upd_rows)
-    for j, m in enumerate(upd_rows):
-      if bool(m["finite"]):
-        meta["consecutive_nonfinite"] = 0
-        continue
-      meta["consecutive_nonfinite"] += 1
-      meta["skipped_updates"] += 1
-      if meta["consecutive_nonfinite"] >= c.train.max_consecutive_nonfinite:
-        writer.close()
-        step = meta["step"] - len(upd_rows) + j + 1
-        raise NonFiniteError(
-            f"{meta['consecutive_nonfinite']} consecutive non-finite updates "
-            f"(round {r1}, update {j + 1} of the round, optimizer step {step}: "
-            f"loss={m['loss']}, grad_norm={m['grad_norm']}, update_norm={m['update_norm']}); "
-            f"parameters were not "
-            f"changed by them; last checkpoint: round {ckpt.latest_step()}")
-    t_upd = time.time() - t1
-    meta["rollouts_seen"] += N
-    gen_tokens = float(np.asarray(gen["completion_mask"]).sum())
-    row.update(rollouts_seen=meta["rollouts_seen"], lr=upd_rows[-1]["lr"],
-               num_updates=len(upd_rows), gen_seconds=t_gen, update_seconds=t_upd,
-               tokens_per_s=gen_tokens / max(t_gen, 1e-9),
-               skipped_updates=meta["skipped_updates"])
-    for k in ("loss", "grad_norm", "entropy", "sampler_logp_gap") + drift.DRIFT_KEYS:
-      row[k] = _mean(upd_rows, k)
-    if len(upd_rows) > 1:
-      for k in ("kappa_k1", "kappa_k3", "clip_frac_low", "clip_frac_high", "ess"):
-        row[f"{k}_by_update"] = [float(u[k]) for u in upd_rows]
-    if split_stats is not None:
-      row.update(_noise_row("noise_split", noise.noise_stats(split_stats, trainer.P_mb, K)))
-      row.update(_noise_row("noise_ema", ema.update(split_stats, trainer.P_mb, K)))
-    if drift_pairs:
-      row["trace_intra_by_update"] = [float(d["trace_intra"]) for d in drift_pairs]
-      row["g2_by_update"] = [float(d["g2"]) for d in drift_pairs]
-    if (c.train.eval_every and r1 % c.train.eval_every == 0) or r1 == c.train.num_rounds:
-      ev = evaluate(state["params"])
-      last_eval = ev["pass_rate"]
-      row["eval_pass_rate"] = last_eval
-      row.update({f"eval_pass_rate_d{d}": v for d, v in ev["by_difficulty"].items()})
-    meta["seconds"] += time.time() - t0
-    writer.write(row)
-    bar.set_postfix(reward=f"{row['reward_mean']:.3f}",
-                    pass_rate="-" if last_eval is None else f"{last_eval:.3f}")
-    if not interactive:
-      print(json.dumps({k: row[k] for k in ("round", "reward_mean", "loss", "entropy")
-                        if k in row} | ({"eval_pass_rate": row["eval_pass_rate"]}
-                                        if "eval_pass_rate" in row else {})), flush=True)
-    reached = bool(c.train.stop_at_pass_rate) and "eval_pass_rate" in row and \
-        row["eval_pass_rate"] >= c.train.stop_at_pass_rate
-    if (c.train.checkpoint_every and r1 % c.train.checkpoint_every == 0) or \
-        r1 == c.train.num_rounds or reached:
-      meta["round"] = r1
-      meta["ema"] = ema.state_dict()
-      meta["model"] = model_meta
-      ckpt.save(r1, state, meta)
-    if reached:
-      meta["stopped_at_target"] = True
-      break
-  bar.close()
-  writer.close()
-  ckpt.close()
-  summary = _summarise(c, workdir, meta, base_summary, time.time() - t_start)
-  _write_summary(workdir, summary)
-  return summary
 
 
 def _summarise(c, workdir, meta, base_summary, wall):

@@ -12,6 +12,7 @@ from configs import default
 def get_config(arg=None):
   c = default.get_config(arg)
   c.rl.algo = "ppo"
+  c.rl.advantage = "gae"   # GAE over completion tokens, whitened over the batch
   c.model.value_head = True
   c.rl.gamma = 1.0
   c.rl.lam = 0.95
