@@ -42,6 +42,11 @@ def base_config() -> ConfigDict:
   c.sampling.top_k = 0           # 0 = off
   c.sampling.top_p = 1.0         # 1.0 = off
   c.sampling.max_new_tokens = 0  # 0 = the task's longest solution + 1 (for EOS)
+  c.sampling.suppress_special = True  # never sample PAD/BOS inside a completion (the decoder
+                                      # would skip them): the completion's support is the
+                                      # task's alphabet plus EOS, as the exact eval assumes
+  c.sampling.suppress_ids = ()   # set by train.prepare from the tokenizer (PAD, BOS) when
+                                 # suppress_special; not a user setting
 
   c.sft = ConfigDict()
   c.sft.steps = 300          # optimizer steps of next-token training on solutions
@@ -82,6 +87,11 @@ def base_config() -> ConfigDict:
   c.batch.adaptive_max_prompts = 256  # adaptive: largest P
   c.batch.adaptive_factor = 1.0     # adaptive: target N = factor * tracked B_noise (rollouts)
   c.batch.adaptive_every = 10       # adaptive: rounds between decisions
+  c.batch.adaptive_signal = "b_noise"  # adaptive: b_noise (raw gradients) | b_noise_adam (in
+                                       # Adam's preconditioned metric)
+  c.batch.adaptive_hysteresis = 1.25   # adaptive: move only when the whole interval leaves the
+                                       # current bucket's range widened by this factor
+  c.batch.adaptive_z = 2.0          # adaptive: tracker interval = estimate +- z SE
   c.batch.staleness = 0           # rounds the behaviour policy lags (async-style generation)
 
   c.optim = ConfigDict()
@@ -101,7 +111,11 @@ def base_config() -> ConfigDict:
   c.train.eval_prompts = 512       # held-out prompts for pass@1
   c.train.eval_seed = 12345        # seed of the held-out prompt set
   c.train.eval_temperature = 1.0   # pass@1 sampling temperature
-  c.train.stop_at_pass_rate = 0.0  # stop once eval pass@1 reaches this (0 = off; sweeps to a target)
+  c.train.eval_expected = True     # also the exact expected pass rate by teacher forcing (tasks
+                                   # that enumerate their answers; no sampling noise)
+  c.train.eval_sampled = True      # the sampled pass@1 (SE ~0.02 at 512 prompts)
+  c.train.stop_at_pass_rate = 0.0  # stop once the eval pass rate reaches this (0 = off; sweeps to
+                                   # a target): eval_expected_pass where computed, else sampled
   c.train.checkpoint_every = 10    # rounds between checkpoints (the last round always saved)
   c.train.max_consecutive_nonfinite = 3  # stop after this many skipped updates in a row
   c.train.progress = True          # console progress bar
@@ -111,6 +125,12 @@ def base_config() -> ConfigDict:
   c.mesh.model = 1   # devices along the model (tensor-parallel) axis
   # logical parameter axis -> mesh axis ('' = replicated), as "name=axis,..." (sharding.py)
   c.mesh.rules = sharding.format_rules(sharding.DEFAULT_RULES)
+
+  c.drift = ConfigDict()
+  c.drift.probe_prompts = 0    # prompts per round sampled from the behaviour policy and never
+                               # trained on: drift (exact full-vocabulary KL, k1/k3, clip
+                               # fractions, ESS) is measured on them before every update, on
+                               # tokens the current parameters were not fitted to (0 = off)
 
   c.noise = ConfigDict()
   c.noise.split_every = 1      # rounds between split-microbatch estimates (0 = off)
@@ -134,14 +154,16 @@ _CHOICES = {
     "rl.adv_std_ddof": (0, 1),
     "optim.lr_rule": batch_lib.LR_RULES,
     "batch.schedule": ("fixed", "adaptive"),
+    "batch.adaptive_signal": batch_lib.SIGNALS,
 }
 _POSITIVE = ("sft.steps", "sft.batch_size", "batch.num_prompts",
              "batch.rollouts_per_prompt", "batch.num_minibatches",
              "batch.num_epochs", "optim.ref_batch", "train.num_rounds",
              "train.eval_prompts", "train.max_consecutive_nonfinite",
              "noise.chunk_prompts", "batch.adaptive_min_prompts",
-             "batch.adaptive_max_prompts", "batch.adaptive_factor", "batch.adaptive_every")
-_NON_NEGATIVE = ("seed", "sampling.top_k", "sampling.max_new_tokens",
+             "batch.adaptive_max_prompts", "batch.adaptive_factor", "batch.adaptive_every",
+             "batch.adaptive_z")
+_NON_NEGATIVE = ("seed", "drift.probe_prompts", "sampling.top_k", "sampling.max_new_tokens",
                  "sft.warmup_steps", "sft.eval_every", "batch.staleness",
                  "optim.warmup_steps", "optim.weight_decay", "optim.grad_clip",
                  "train.eval_every", "train.checkpoint_every",
@@ -231,6 +253,9 @@ def validate(c: ConfigDict) -> None:
           f"{P_mb} prompts of one update")
     if c.batch.schedule == "adaptive":
       b = c.batch
+      if _num(c, "batch.adaptive_hysteresis") < 1.0:
+        raise ValueError(f"config.batch.adaptive_hysteresis must be >= 1, got "
+                         f"{b.adaptive_hysteresis!r}")
       if b.adaptive_max_prompts < b.adaptive_min_prompts:
         raise ValueError(f"config.batch.adaptive_max_prompts={b.adaptive_max_prompts} is "
                          f"below config.batch.adaptive_min_prompts={b.adaptive_min_prompts}")

@@ -7,13 +7,30 @@ completion tokens: KL estimates (kappa), importance-ratio range, clip
 fractions and effective sample sizes.  All statistics are token-means over
 the mask unless said otherwise; the function is jittable and returns scalar
 arrays.
+
+Where the drift is measured (the trainer's choice). An update's own
+minibatch is biased: once the policy has been fitted to a minibatch (from
+the second epoch on), its log-probs on exactly those tokens have moved more
+than on fresh ones, so kappa jumps at the epoch boundary. With
+``config.drift.probe_prompts = Q`` the trainer samples Q extra prompts x K
+rollouts per round from the behaviour policy that no update ever uses
+(``train.probe_batch``) and measures, before every update, the statistics
+below on them plus ``kappa_exact``: the exact full-vocabulary
+KL(behaviour || current) per token (``exact_kl`` of the two processed
+log-prob rows at each probe position; the character vocabularies here make
+that cheap). Those are logged as ``heldout_*``; the in-minibatch ones keep
+their plain names, for comparison.
 """
 from __future__ import annotations
+
+import math
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.scipy.special import logsumexp
+
+from cbs_jax import stats
 
 DRIFT_KEYS = ("kappa_k1", "kappa_k3", "ratio_mean", "ratio_max", "ratio_min",
               "clip_frac_low", "clip_frac_high", "ess", "seq_ess")
@@ -124,18 +141,49 @@ def exact_kl(p_logits, q_logits) -> jax.Array:
   return jnp.sum(jnp.where(p > 0, p * (logp - logq), 0.0), axis=-1)
 
 
-def fit_quadratic(kappa, y) -> dict:
-  """Least-squares fit y = a0 + a1 kappa + a2 kappa^2 (noise inflation under
-  drift); returns the coefficients and R^2 (1 - SS_res / SS_tot)."""
+def fit_trend(kappa, y, se=None, alpha: float = 0.05) -> dict:
+  """Weighted trend of a noise quantity y against drift kappa: constant,
+  linear (a0 + a1 kappa) and quadratic (a0 + a1 kappa + a2 kappa^2) models
+  fitted by weighted least squares (weights 1 / se^2 from per-point
+  standard errors, e.g. pooled jackknife SEs; unweighted when None),
+  compared as nested models.
+
+  The verdict climbs one degree at a time while the next term is
+  significant (F-test at ``alpha``; ``stats.compare_nested``): "flat" (no
+  significant slope), "linear" (slope significant, curvature not) or
+  "quadratic" (the quadratic term significant over the linear model).
+  A quadratic is claimed only when it beats the linear model. Returns the
+  coefficients of each model with their SEs, the F-test p-values,
+  AIC differences and ``r2`` (weighted) of each, and the verdict.
+  """
   x = np.asarray(kappa, np.float64)
   y = np.asarray(y, np.float64)
   ok = np.isfinite(x) & np.isfinite(y)
+  e = None
+  if se is not None:
+    e = np.asarray(se, np.float64)
+    ok &= np.isfinite(e) & (e > 0)
+    e = e[ok]
   x, y = x[ok], y[ok]
-  if x.size < 3 or np.ptp(x) == 0:
-    raise ValueError(f"need >= 3 finite points with distinct kappa, got {x.size}")
-  A = np.stack([np.ones_like(x), x, x * x], axis=1)
-  coef, *_ = np.linalg.lstsq(A, y, rcond=None)
-  resid = y - A @ coef
-  ss_tot = float(np.sum((y - y.mean()) ** 2))
-  r2 = 1.0 - float(np.sum(resid ** 2)) / ss_tot if ss_tot > 0 else float("nan")
-  return dict(a0=float(coef[0]), a1=float(coef[1]), a2=float(coef[2]), r2=r2, n=int(x.size))
+  if x.size < 4 or np.unique(x).size < 3:
+    raise ValueError(f"a linear-vs-quadratic comparison needs >= 4 finite points at >= 3 "
+                     f"distinct kappa, got {x.size} points at {np.unique(x).size}")
+  X = np.stack([np.ones_like(x), x, x * x], axis=1)
+  fits = [stats.wls(X[:, :d + 1], y, e) for d in range(3)]
+  lin = stats.compare_nested(fits[0], fits[1])
+  quad = stats.compare_nested(fits[1], fits[2])
+  verdict = "flat"
+  if lin["p_value"] < alpha:
+    verdict = "linear"
+  if quad["p_value"] < alpha:
+    verdict = "quadratic"
+  w = np.ones_like(y) if e is None else 1.0 / e ** 2
+  ss_tot = float(np.sum(w * (y - np.average(y, weights=w)) ** 2))
+  r2 = lambda f: 1.0 - f.chi2 / ss_tot if ss_tot > 0 else math.nan
+  out = dict(n=int(x.size), weighted=e is not None, verdict=verdict,
+             p_linear=lin["p_value"], p_quadratic=quad["p_value"],
+             daic_linear=lin["delta_aic"], daic_quadratic=quad["delta_aic"])
+  for name, f in zip(("const", "linear", "quadratic"), fits):
+    out[name] = dict(coef=f.coef.tolist(), se=f.se.tolist(), r2=r2(f),
+                     reduced_chi2=f.reduced_chi2)
+  return out

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import optax
 
 from cbs_jax import noise
 from cbs_jax import objective
@@ -60,15 +61,56 @@ def _loss_sum(params, graphdef, batch, counts, rl_cfg, sampling_cfg):
   return objective.batch_loss(params, graphdef, batch, counts, rl_cfg, sampling_cfg)
 
 
+def adam_state(opt_state):
+  """The one ``optax.ScaleByAdamState`` inside ``opt_state``, or None."""
+  is_adam = lambda x: isinstance(x, optax.ScaleByAdamState)
+  found = [s for s in jax.tree.leaves(opt_state, is_leaf=is_adam) if is_adam(s)]
+  return found[0] if len(found) == 1 else None
+
+
+def adam_metric(opt_state, b2: float, eps: float):
+  """Adam's preconditioner ``1 / (sqrt(nu_hat) + eps)`` per parameter, from
+  the (single) ``optax.ScaleByAdamState`` in ``opt_state``, as a pytree like
+  the parameters; None where there is none or before Adam's first step
+  (nu = 0 says nothing yet).
+
+  Noise "in Adam's metric" is the noise of the preconditioned direction
+  u = D g, D = diag(metric): tr(D Sigma D) / |D G|^2. Multiplying every
+  (per-rollout or microbatch) gradient by D and applying the same unbiased
+  estimators gives it, because the estimators are quadratic forms of
+  gradients and D is fixed within a batch. It ignores that nu itself moves
+  (slowly, b2 ~ 0.99) and Adam's momentum, which averages over steps.
+  """
+  st = adam_state(opt_state)
+  if st is None:
+    return None
+  corr = 1.0 - b2 ** jnp.maximum(st.count, 1).astype(jnp.float32)
+  return jax.tree.map(lambda v: 1.0 / (jnp.sqrt(v / corr) + eps), st.nu)
+
+
+def _scaled(tree, metric, lead: int):
+  """``tree * metric`` leafwise; ``tree`` leaves carry ``lead`` extra leading axes."""
+  return jax.tree.map(lambda t, d: t * d.reshape((1,) * lead + d.shape), tree, metric)
+
+
+def grid_quarters(per_rollout, P: int, K: int, m: int = 2, n: int = 2):
+  """Microbatch means q_ab ([m, n, ...] per leaf) of per-rollout values
+  (leading axis P*K, prompt-major): the public form of the split grid, for
+  feeding ``noise.split_moments_from_quarters`` from per-rollout gradients."""
+  return jax.tree.map(lambda x: jnp.mean(_grid(x, P, K, m, n), axis=2), per_rollout)
+
+
 def split_grads(params, graphdef, batch, P: int, K: int, rl_cfg, sampling_cfg,
-                m: int = 2, n: int = 2):
+                m: int = 2, n: int = 2, metric=None):
   """Gradient of the batch loss as an m x n microbatch grid.
 
   Returns ``(loss, grad, aux, moments)``: ``grad`` is exactly the batch
   gradient (mean of the cell gradients q_ab, each the mean per-rollout
   gradient of its cell), ``aux`` the per-token aux in batch order, and
   ``moments`` a ``noise.SplitMoments`` whose fields have a leading
-  per-leaf axis (sum over it for the whole model).
+  per-leaf axis (sum over it for the whole model). With a ``metric`` (a
+  pytree like the parameters, e.g. ``adam_metric``) ``moments`` is the pair
+  (raw moments, moments of the metric-scaled cell gradients).
   """
   counts = objective.counts_of(batch)
   cells = jax.tree.map(lambda x: _grid(x, P, K, m, n), batch)
@@ -87,10 +129,15 @@ def split_grads(params, graphdef, batch, P: int, K: int, rl_cfg, sampling_cfg,
     x = x.reshape((m, n, P // m, K // n) + x.shape[3:])
     return jnp.moveaxis(x, 1, 2).reshape((P * K,) + x.shape[4:])
   aux = jax.tree.map(ungrid, aux)
-  per_leaf = [noise.split_moments_from_quarters(leaf, P, K)
-              for leaf in jax.tree.leaves(q)]
-  moments = jax.tree.map(lambda *xs: jnp.stack(xs), *per_leaf)
+  moments = _leaf_split_moments(q, P, K)
+  if metric is not None:
+    moments = (moments, _leaf_split_moments(_scaled(q, metric, 2), P, K))
   return jnp.sum(losses), grad, aux, moments
+
+
+def _leaf_split_moments(q, P, K):
+  per_leaf = [noise.split_moments_from_quarters(leaf, P, K) for leaf in jax.tree.leaves(q)]
+  return jax.tree.map(lambda *xs: jnp.stack(xs), *per_leaf)
 
 
 def per_rollout_grad_fn(graphdef, counts, rl_cfg, sampling_cfg):
@@ -104,11 +151,13 @@ def per_rollout_grad_fn(graphdef, counts, rl_cfg, sampling_cfg):
 
 
 def group_moments(params, graphdef, batch, P: int, K: int, rl_cfg, sampling_cfg,
-                  chunk_prompts: int) -> noise.GroupMoments:
+                  chunk_prompts: int, metric=None) -> noise.GroupMoments:
   """Exact per-rollout moments, streamed over chunks of ``chunk_prompts``.
 
   Returns a ``noise.GroupMoments`` whose arrays carry a leading per-leaf
-  axis ([L, P] and [L]); sum over it for the whole model.
+  axis ([L, P] and [L]); sum over it for the whole model. With a
+  ``metric`` (see ``adam_metric``) the moments are those of the
+  metric-scaled per-rollout gradients.
   """
   if P % chunk_prompts:
     raise ValueError(f"chunk_prompts={chunk_prompts} does not divide P={P}")
@@ -121,6 +170,8 @@ def group_moments(params, graphdef, batch, P: int, K: int, rl_cfg, sampling_cfg,
 
   def chunk_stats(chunk):
     g = per_rollout_grad(params, chunk)  # leaves [C*K, ...]
+    if metric is not None:
+      g = _scaled(g, metric, 1)
     sq, gbar_sq, gbar_sum = [], [], []
     for leaf in jax.tree.leaves(g):
       x = (N * leaf.astype(jnp.float32)).reshape(C, K, -1)

@@ -11,9 +11,23 @@ unbiased per-batch estimates and reports jackknife standard errors.
 B_intra, B_inter and B_noise are reported only where |G|^2 is significantly
 positive (> 2 SE); otherwise they are flagged.
 
+One rollout, one gradient: the per-rollout gradient g_i = N grad L_i must
+not depend on the other rollouts of the batch except through its own
+group. The training default ``token_mean`` divides by the batch's token
+count, and PPO whitens advantages over the whole batch; both couple every
+rollout to every other. A measurement therefore uses ``--aggregation``
+(default ``seq_mean_token_sum_norm``: each token weighs 1 / (N Tc), a
+constant) and no batch-wide whitening (``rl.adv_whiten=False``). Pass
+``--aggregation=train`` to measure the run's own objective instead.
+
 Advantages are group-normalised (GRPO), so rollouts of one prompt are
 exchangeable, not independent: the estimates are unbiased for the batch's
 own K (see noise.py), and B_noise(K') for another K' is an extrapolation.
+
+The optimizer's view: where the checkpoint has Adam moments, the same
+estimators are also evaluated on gradients scaled by Adam's metric
+1 / (sqrt(nu_hat) + eps) (``adam`` in the output): the noise scale of the
+preconditioned update direction, which is what the sqrt rule is about.
 """
 from __future__ import annotations
 
@@ -38,38 +52,60 @@ from cbs_jax import train
 ROUND_OFFSET = 1_000_000  # measurement batches use rounds >= this: disjoint from training
 
 
-def load_policy(config, workdir: str, setup, round_: int | None = None):
-  """(graphdef, params, round) from the RL checkpoint, or the SFT base (round 0)."""
+def load_policy(config, workdir: str, setup, round_: int | None = None,
+                with_opt_state: bool = False):
+  """(graphdef, params, round) from the RL checkpoint, or the SFT base
+  (round 0); with ``with_opt_state`` also the optimizer state (None for the
+  SFT base)."""
   ckpt_dir = os.path.join(workdir, "checkpoints")
   ckpt = ckpt_lib.Checkpointer(ckpt_dir) if os.path.isdir(ckpt_dir) else None
   step = round_ if round_ is not None else (ckpt.latest_step() if ckpt else None)
   graphdef, params, _ = train.sft_base(config, workdir, setup)
   if step is None or step == 0:
-    return graphdef, params, 0
+    return (graphdef, params, 0) + ((None,) if with_opt_state else ())
   ckpt.check_model(config.model.to_dict(), step)
   tx = train.make_optimizer(config.optim)
   like = dict(params=params, opt_state=tx.init(params),
               history=[params] * config.batch.staleness)
   state, _ = ckpt.restore(step, like)
-  return graphdef, state["params"], step
+  return (graphdef, state["params"], step) + (
+      (state["opt_state"],) if with_opt_state else ())
 
 
-def measure(config, graphdef, params, setup, P: int, K: int, M: int,
-            chunk_prompts: int = 4, progress: bool = True) -> dict:
-  """Pool M batches at fixed params; returns exact, split and per-group stats."""
-  if M < 2:
-    raise ValueError(f"batches={M}: pooling needs at least 2 batches")
+def measurement_config(config, P: int, K: int, aggregation: str = "seq_mean_token_sum_norm"):
+  """The run's config with the measurement batch shape and a per-rollout
+  normaliser (``aggregation``; "train" keeps the run's) and no batch-wide
+  advantage whitening."""
   c = config.copy_and_resolve_references()
   with c.unlocked():
     c.batch.num_prompts, c.batch.rollouts_per_prompt = P, K
     c.batch.num_minibatches = 1
+    if aggregation != "train":
+      c.rl.aggregation = aggregation
+    c.rl.adv_whiten = False
+  return c
+
+
+def measure(config, graphdef, params, setup, P: int, K: int, M: int,
+            chunk_prompts: int = 4, progress: bool = True,
+            aggregation: str = "seq_mean_token_sum_norm", opt_state=None) -> dict:
+  """Pool M batches at fixed params; returns exact, split and per-group
+  stats, and with an ``opt_state`` holding Adam moments also ``adam``: the
+  exact estimates in Adam's preconditioned metric (``gradstats.adam_metric``)."""
+  if M < 2:
+    raise ValueError(f"batches={M}: pooling needs at least 2 batches")
+  c = measurement_config(config, P, K, aggregation)
   exact_fn = jax.jit(functools.partial(
       gradstats.group_moments, graphdef=graphdef, P=P, K=K, rl_cfg=c.rl,
       sampling_cfg=c.sampling, chunk_prompts=chunk_prompts))
   split_fn = jax.jit(lambda p, b: gradstats.split_grads(
       p, graphdef, b, P, K, c.rl, c.sampling)[3])
+  metric = None if opt_state is None else gradstats.adam_metric(
+      opt_state, config.optim.b2, config.optim.eps)
+  if metric is not None and int(jax.device_get(gradstats.adam_state(opt_state).count)) == 0:
+    metric = None  # no Adam step taken yet: no metric to speak of
   leaf_groups = [gradstats.param_group(p) for p in gradstats.leaf_paths(params)]
-  exact, split, groups, rewards = [], [], {}, []
+  exact, split, groups, rewards, adam = [], [], {}, [], []
   for i in tqdm.trange(M, desc="measure", disable=not progress):
     b, r, _ = train.round_batch(c, graphdef, params, params, setup, ROUND_OFFSET + i)
     b["on_policy"] = np.ones((P * K,), bool)
@@ -79,11 +115,18 @@ def measure(config, graphdef, params, setup, P: int, K: int, M: int,
     for g, gm in gradstats.sum_leaves(mom, leaf_groups).items():
       groups.setdefault(g, []).append(noise.exact_estimates(gm))
     split.append(noise.split_estimates(gradstats.sum_leaves(split_fn(params, b))))
+    if metric is not None:
+      adam.append(noise.exact_estimates(gradstats.sum_leaves(
+          exact_fn(params, batch=b, metric=metric))))
   to_np = lambda ests: [{k: float(v) for k, v in e.items()} for e in ests]
-  return dict(P=P, K=K, M=M, reward_mean=float(np.mean(rewards)),
-              exact=noise.pooled_estimates(to_np(exact), P, K),
-              split=noise.pooled_estimates(to_np(split), P, K),
-              groups={g: noise.pooled_estimates(to_np(v), P, K) for g, v in groups.items()})
+  res = dict(P=P, K=K, M=M, reward_mean=float(np.mean(rewards)),
+             aggregation=c.rl.aggregation,
+             exact=noise.pooled_estimates(to_np(exact), P, K),
+             split=noise.pooled_estimates(to_np(split), P, K),
+             groups={g: noise.pooled_estimates(to_np(v), P, K) for g, v in groups.items()})
+  if adam:
+    res["adam"] = noise.pooled_estimates(to_np(adam), P, K)
+  return res
 
 
 def format_table(res: dict) -> str:
@@ -97,6 +140,11 @@ def format_table(res: dict) -> str:
                  f"{getattr(sp, k):>14.5g}{getattr(sp, k + '_se'):>12.3g}")
   if s.flag:
     lines.append(f"flag: {s.flag}")
+  if "adam" in res:
+    a = res["adam"]
+    lines.append("in Adam's preconditioned metric (exact):")
+    for k in ("g2", "trace_intra", "trace_inter", "b_intra", "b_inter", "b_noise", "ratio"):
+      lines.append(f"  {k:<22}{getattr(a, k):>14.5g}{getattr(a, k + '_se'):>12.3g}")
   lines.append("by parameter group (exact): trace_intra, trace_inter, g2")
   for g, st in res["groups"].items():
     lines.append(f"  {g:<12}{st.trace_intra:>12.4g} {st.trace_inter:>12.4g} {st.g2:>12.4g}")
@@ -104,8 +152,10 @@ def format_table(res: dict) -> str:
 
 
 def to_json(res: dict) -> dict:
-  out = {k: v for k, v in res.items() if k not in ("exact", "split", "groups")}
+  out = {k: v for k, v in res.items() if k not in ("exact", "split", "groups", "adam")}
   out["exact"] = dataclasses.asdict(res["exact"])
+  if "adam" in res:
+    out["adam"] = dataclasses.asdict(res["adam"])
   out["split"] = dataclasses.asdict(res["split"])
   out["groups"] = {g: dataclasses.asdict(s) for g, s in res["groups"].items()}
   return out
@@ -120,6 +170,8 @@ def _define_flags():
   flags.DEFINE_integer("rollouts", 16, "K rollouts per prompt.")
   flags.DEFINE_integer("batches", 16, "M batches pooled.")
   flags.DEFINE_integer("chunk_prompts", 4, "Prompts per vmap chunk (divides P).")
+  flags.DEFINE_string("aggregation", "seq_mean_token_sum_norm",
+                      "Loss normaliser of the measurement ('train' = the run's own).")
   flags.mark_flags_as_required(["config", "workdir"])
 
 
@@ -130,10 +182,11 @@ def main(argv):
     logging.set_verbosity(logging.WARNING)
   config = F.config
   setup = train.prepare(config)
-  graphdef, params, rnd = load_policy(config, F.workdir, setup, F.round)
+  graphdef, params, rnd, opt_state = load_policy(config, F.workdir, setup, F.round,
+                                                 with_opt_state=True)
   print(f"policy: {F.workdir} round {rnd}")
   res = measure(config, graphdef, params, setup, F.prompts, F.rollouts, F.batches,
-                F.chunk_prompts)
+                F.chunk_prompts, aggregation=F.aggregation, opt_state=opt_state)
   print(format_table(res))
   path = os.path.join(F.workdir, f"measure_round{rnd}_P{res['P']}_K{res['K']}.json")
   with open(path, "w") as f:

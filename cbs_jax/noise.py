@@ -553,6 +553,9 @@ def noise_stats(estimates: Mapping[str, Any], P: int, K: int,
 # ----------------------------------------------------------------------------
 # EMA tracker.
 # ----------------------------------------------------------------------------
+_MOMENT_KEYS = ("t", "g", "tt", "gg", "tg", "w2")
+
+
 class NoiseEMA:
   """Bias-corrected EMAs of trI, trB, G2, smoothed separately.
 
@@ -575,6 +578,7 @@ class NoiseEMA:
     self.count = 0
     self.weight = 0.0
     self.sums = {k: 0.0 for k in _KEYS3}
+    self.moments = {k: 0.0 for k in _MOMENT_KEYS}  # for the interval (``interval``)
 
   def value(self) -> dict[str, float]:
     """Current bias-corrected estimates (nan before the first update)."""
@@ -592,6 +596,13 @@ class NoiseEMA:
         self.sums[k] = self.decay * self.sums[k] + x[k]
       self.weight = self.decay * self.weight + 1.0
       self.count += 1
+      t, g = x["trace_intra"] + K * x["trace_inter"], x["g2"]
+      d, d2, m = self.decay, self.decay ** 2, self.moments
+      for k, v in (("t", t), ("g", g)):
+        m[k] = d * m[k] + v
+      for k, v in (("tt", t * t), ("gg", g * g), ("tg", t * g)):
+        m[k] = d * m[k] + v
+      m["w2"] = d2 * m["w2"] + 1.0
     else:
       flags.append("non-finite estimate skipped")
     return self.stats(P, K, _flags=flags)
@@ -602,15 +613,49 @@ class NoiseEMA:
     return _build(self.value(), P, K, se={}, significant=None,
                   flags=list(_flags), n_batches=self.count)
 
+  def interval(self, z: float = 2.0) -> dict[str, float]:
+    """B_noise at the K of the updates, with a standard error and an interval.
+
+    Each update t contributes a per-round numerator T_t = trI + K trB and
+    denominator G_t = |G|^2 estimate; the tracker's B_noise is the ratio of
+    their EMAs (weights w_t = decay^age). The per-round values are treated
+    as independent draws around slowly moving means: the weighted variances
+    and covariance of (T, G), times sum(w^2)/sum(w)^2 (the EMA's effective
+    1/n), give the variance of the two EMAs, and the delta method that of
+    their ratio. ``resolved`` is False while the G EMA is within ``z`` SEs
+    of 0 (or fewer than 3 updates): then ``hi`` is inf and ``lo`` 0.
+    Returns ``dict(b_noise, se, lo, hi, resolved, n_eff)``.
+    """
+    m, W = self.moments, self.weight
+    if self.count < 3 or W <= 0:
+      return dict(b_noise=_NAN, se=_NAN, lo=0.0, hi=math.inf, resolved=False, n_eff=0.0)
+    mt, mg = m["t"] / W, m["g"] / W
+    n_eff = W * W / m["w2"]
+    corr = n_eff / max(n_eff - 1.0, 1e-12)  # unbiased weighted (co)variances
+    vt = max(m["tt"] / W - mt * mt, 0.0) * corr / n_eff
+    vg = max(m["gg"] / W - mg * mg, 0.0) * corr / n_eff
+    ctg = (m["tg"] / W - mt * mg) * corr / n_eff
+    se_g = math.sqrt(vg)
+    if not mg > z * se_g:
+      return dict(b_noise=mt / mg if mg > 0 else _NAN, se=_NAN, lo=0.0, hi=math.inf,
+                  resolved=False, n_eff=n_eff)
+    r = mt / mg
+    var_r = (vt - 2 * r * ctg + r * r * vg) / (mg * mg)
+    se = math.sqrt(max(var_r, 0.0))
+    return dict(b_noise=r, se=se, lo=max(r - z * se, 0.0), hi=r + z * se, resolved=True,
+                n_eff=n_eff)
+
   def state_dict(self) -> dict[str, float]:
     return dict(decay=self.decay, count=float(self.count),
-                weight=self.weight, **self.sums)
+                weight=self.weight, **self.sums,
+                **{f"m_{k}": v for k, v in self.moments.items()})
 
   def load_state_dict(self, state: Mapping[str, Any]) -> None:
     self.decay = float(state["decay"])
     self.count = int(state["count"])
     self.weight = float(state["weight"])
     self.sums = {k: float(state[k]) for k in _KEYS3}
+    self.moments = {k: float(state.get(f"m_{k}", 0.0)) for k in _MOMENT_KEYS}
 
 
 # ----------------------------------------------------------------------------

@@ -90,7 +90,8 @@ def rollout_losses(params, graphdef, batch, counts: Counts, rl_cfg, sampling_cfg
   mask = batch["completion_mask"]
   sc = scoring.score(graphdef, params, batch["prompt"], batch["prompt_mask"],
                      batch["completion"], mask, sampling_cfg.temperature,
-                     sampling_cfg.top_k, sampling_cfg.top_p)
+                     sampling_cfg.top_k, sampling_cfg.top_p,
+                     tuple(getattr(sampling_cfg, "suppress_ids", ())))
   L_B, aux = policy_losses(sc.logprobs, batch, counts, rl_cfg, sc.values)
   aux = dict(aux, logp=sc.logprobs, entropy=rl.entropy_from_logits(sc.logits) * mask)
   return L_B, aux

@@ -77,9 +77,10 @@ def _check_tokens(name: str, tokens, vocab_size: int):
 
 def generate(graphdef, params, prompt_BxTp, prompt_mask_BxTp, key, *,
              max_new_tokens: int, eos_id: int, pad_id: int,
-             temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0
-             ) -> SampleOutput:
-  """Sample completions for a batch of left-padded prompts (see module doc)."""
+             temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
+             suppress_ids: Sequence[int] = ()) -> SampleOutput:
+  """Sample completions for a batch of left-padded prompts (see module doc).
+  ``suppress_ids``: token ids never sampled (``scoring.process_logits``)."""
   check_sampling_args(max_new_tokens, temperature, top_k, top_p)
   cfg = model_lib.config_of(graphdef, params)
   _check_tokens("prompt_BxTp", prompt_BxTp, cfg["vocab_size"])
@@ -100,16 +101,17 @@ def generate(graphdef, params, prompt_BxTp, prompt_mask_BxTp, key, *,
                      jnp.asarray(prompt_mask_BxTp).astype(bool), key, cache,
                      max_new_tokens=int(max_new_tokens), eos_id=int(eos_id),
                      pad_id=int(pad_id), temperature=float(temperature),
-                     top_k=int(top_k), top_p=float(top_p))
+                     top_k=int(top_k), top_p=float(top_p),
+                     suppress_ids=tuple(int(i) for i in suppress_ids))
   return out
 
 
 @functools.partial(
     jax.jit, donate_argnames=("cache",),
     static_argnames=("graphdef", "max_new_tokens", "eos_id", "pad_id",
-                     "temperature", "top_k", "top_p"))
+                     "temperature", "top_k", "top_p", "suppress_ids"))
 def _generate(graphdef, params, prompt, prompt_mask, key, cache, *,
-              max_new_tokens, eos_id, pad_id, temperature, top_k, top_p):
+              max_new_tokens, eos_id, pad_id, temperature, top_k, top_p, suppress_ids):
   B, Tp = prompt.shape
   S = Tp + max_new_tokens
   kv_mask = jnp.zeros((B, S), bool).at[:, :Tp].set(prompt_mask)
@@ -127,7 +129,7 @@ def _generate(graphdef, params, prompt, prompt_mask, key, cache, *,
   def body(s):
     t = s["t"]
     key, sub = jax.random.split(s["key"])
-    logp_all = process_logits(s["logits"], temperature, top_k, top_p)
+    logp_all = process_logits(s["logits"], temperature, top_k, top_p, suppress_ids)
     tok = jax.random.categorical(sub, logp_all).astype(jnp.int32)
     lp = jnp.take_along_axis(logp_all, tok[:, None], -1)[:, 0]
     live = ~s["done"]

@@ -33,10 +33,14 @@ def positions_from_mask(mask_BxT: Array) -> Array:
 
 
 def process_logits(logits: Array, temperature: float = 1.0, top_k: int = 0,
-                   top_p: float = 1.0) -> Array:
-  """Log-probs (float32) of the distribution sampled from after temperature,
-  top-k (0 = off) and top-p (1.0 = off; ties at the threshold are kept)."""
+                   top_p: float = 1.0, suppress_ids: tuple = ()) -> Array:
+  """Log-probs (float32) of the distribution sampled from after suppressing
+  ``suppress_ids`` (token ids never emitted, e.g. PAD and BOS inside a
+  completion), temperature, top-k (0 = off) and top-p (1.0 = off; ties at
+  the threshold are kept)."""
   x = logits.astype(jnp.float32) / temperature
+  if suppress_ids:
+    x = x.at[..., jnp.asarray(suppress_ids, jnp.int32)].set(_MASKED)
   if top_k and top_k < x.shape[-1]:
     kth = jax.lax.top_k(x, top_k)[0][..., -1:]
     x = jnp.where(x < kth, _MASKED, x)
@@ -52,7 +56,7 @@ def process_logits(logits: Array, temperature: float = 1.0, top_k: int = 0,
 
 def score(graphdef, params, prompt_BxTp, prompt_mask_BxTp, completion_BxTc,
           completion_mask_BxTc, temperature: float = 1.0, top_k: int = 0,
-          top_p: float = 1.0) -> ScoreOutput:
+          top_p: float = 1.0, suppress_ids: tuple = ()) -> ScoreOutput:
   """Teacher-forced log-probs of the completion tokens (same layout and
   processing as ``generate``). Pure and jittable; differentiate through it."""
   Tp = prompt_BxTp.shape[1]
@@ -62,7 +66,7 @@ def score(graphdef, params, prompt_BxTp, prompt_mask_BxTp, completion_BxTc,
                           completion_mask_BxTc.astype(bool)], 1)
   out = model_lib.apply(graphdef, params, tokens, positions_from_mask(mask), mask)
   logits = jax.lax.dynamic_slice_in_dim(out.logits, Tp - 1, Tc, axis=1)
-  logp_all = process_logits(logits, temperature, top_k, top_p)
+  logp_all = process_logits(logits, temperature, top_k, top_p, suppress_ids)
   logp = jnp.take_along_axis(logp_all, completion_BxTc[..., None], -1)[..., 0]
   logp = jnp.where(completion_mask_BxTc.astype(bool), logp, 0.0)
   values = None

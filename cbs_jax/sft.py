@@ -87,7 +87,8 @@ def train_sft(config, workdir: str, task, tok, layout, eval_problems):
   writer = metrics_lib.MetricsWriter(workdir, resume_round=start, key="step")
   eval_key = jax.random.key(config.train.eval_seed)
   evaluate = lambda p: rollouts.pass_rate(graphdef, p, task, tok, eval_problems,
-                                          eval_key, layout, config.train.eval_temperature)
+                                          eval_key, layout, config.train.eval_temperature,
+                                          suppress_ids=tuple(config.sampling.suppress_ids))
   t0 = time.time()
   bar = tqdm.trange(start, c.steps, desc="sft", disable=not config.train.progress,
                     initial=start, total=c.steps, mininterval=1.0)

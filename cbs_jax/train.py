@@ -2,7 +2,7 @@
 
 One round of the loop (``_train_rl``) is
 
-    P = choose_prompts(run, rnd)               # fixed, or the adaptive controller
+    P, signal = choose_prompts(run, rnd)               # fixed, or the adaptive controller
     batch = round_batch(...)                   # generate, verify, advantages
     upd = update_round(run, batch, rnd, P)     # every update of the round: ONE jitted call
     row = round_row(...) | noise_row(...)      # metrics of the round
@@ -46,6 +46,7 @@ from cbs_jax import batch as batch_lib
 from cbs_jax import checkpoint as ckpt_lib
 from cbs_jax import config as config_lib
 from cbs_jax import drift
+from cbs_jax import evaluation
 from cbs_jax import gradstats
 from cbs_jax import metrics as metrics_lib
 from cbs_jax import noise
@@ -74,11 +75,14 @@ def make_optimizer(oc) -> optax.GradientTransformation:
 
 @dataclasses.dataclass
 class Setup:
-  """What a run needs besides its config: task, tokenizer, shapes, eval set."""
+  """What a run needs besides its config: task, tokenizer, shapes, the
+  held-out eval set and (where the task enumerates its answers) its exact
+  expected-pass evaluator."""
   task: tasks.Task
   tok: tasks.Tokenizer
   layout: rollouts.Layout
   eval_problems: list
+  expected: evaluation.ExpectedPass | None = None
 
 
 def prepare(config: ml_collections.ConfigDict) -> Setup:
@@ -89,13 +93,21 @@ def prepare(config: ml_collections.ConfigDict) -> Setup:
   layout = rollouts.Layout.for_task(task, config.sampling.max_new_tokens)
   with config.unlocked():
     config.model.vocab_size = tok.vocab_size
+    config.sampling.suppress_ids = ((tok.pad_id, tok.bos_id)
+                                    if config.sampling.suppress_special else ())
   if layout.total > config.model.max_len:
     raise ValueError(f"config.model.max_len={config.model.max_len} is shorter than "
                      f"prompt ({layout.prompt_len}) + completion "
                      f"({layout.completion_len}) tokens of task {task.name!r}")
+  # held out by construction: the task's eval split, never drawn for SFT or RL
   eval_problems = task.sample(np.random.default_rng(config.train.eval_seed),
-                              config.train.eval_prompts)
-  return Setup(task, tok, layout, eval_problems)
+                              config.train.eval_prompts, split="eval")
+  expected = None
+  if config.train.eval_expected and task.enumerable:
+    expected = evaluation.ExpectedPass(
+        task, tok, eval_problems, layout, config.train.eval_temperature,
+        suppress_ids=config.sampling.suppress_ids)
+  return Setup(task, tok, layout, eval_problems, expected)
 
 
 def sft_base(config, workdir: str, setup: Setup):
@@ -109,7 +121,7 @@ def sft_base(config, workdir: str, setup: Setup):
 
 
 # teacher-forced scoring of a whole round (PPO values, KL reference), compiled once
-_score = jax.jit(scoring.score, static_argnums=(0, 6, 7, 8))
+_score = jax.jit(scoring.score, static_argnums=(0, 6, 7, 8, 9))
 
 
 def round_batch(config, graphdef, behaviour, ref_params, setup: Setup, rnd: int,
@@ -128,13 +140,14 @@ def round_batch(config, graphdef, behaviour, ref_params, setup: Setup, rnd: int,
   key = jax.random.fold_in(jax.random.key(config.seed), rnd)
   sc = config.sampling
   out = rollouts.rollout(graphdef, behaviour, setup.task, setup.tok, problems, K, key,
-                         setup.layout, sc.temperature, sc.top_k, sc.top_p, mesh)
+                         setup.layout, sc.temperature, sc.top_k, sc.top_p, mesh,
+                         tuple(sc.suppress_ids))
   mask = out["completion_mask"]
   b = dict(prompt=out["prompt"], prompt_mask=out["prompt_mask"],
            completion=out["completion"], completion_mask=mask,
            logp_old=out["logp_old"])
   score = lambda p: _score(graphdef, p, b["prompt"], b["prompt_mask"], b["completion"],
-                           mask, sc.temperature, sc.top_k, sc.top_p)
+                           mask, sc.temperature, sc.top_k, sc.top_p, tuple(sc.suppress_ids))
   values = score(behaviour).values if config.rl.advantage == "gae" else None
   b["adv"], b["returns"] = rl.token_advantages(config.rl, jnp.asarray(out["rewards"]),
                                                mask, values)
@@ -142,6 +155,43 @@ def round_batch(config, graphdef, behaviour, ref_params, setup: Setup, rnd: int,
   b["old_values"] = zeros if values is None else values
   b["logp_ref"] = score(ref_params).logprobs if config.rl.kl_beta else zeros
   return b, out["rewards"], out
+
+
+def probe_batch(config, graphdef, behaviour, setup: Setup, rnd: int, mesh=None):
+  """The round's drift probe: ``config.drift.probe_prompts`` prompts x K
+  rollouts from the behaviour policy that no update is fitted to (own
+  prompts and key stream), with their advantages and the behaviour's full
+  processed log-prob rows ``logp_all_b`` [B, Tc, V] for the exact KL.
+  None when the probe is off."""
+  Q = config.drift.probe_prompts
+  if not Q:
+    return None
+  c = ml_collections.ConfigDict(config.to_dict())
+  with c.unlocked():
+    c.rl.kl_beta = 0.0
+    c.seed = config.seed + 7_919  # another stream of prompts and sampling keys
+  b, _, _ = round_batch(c, graphdef, behaviour, None, setup, rnd, Q, mesh)
+  sc = config.sampling
+  b["logp_all_b"] = _score(graphdef, behaviour, b["prompt"], b["prompt_mask"],
+                           b["completion"], b["completion_mask"], sc.temperature, sc.top_k,
+                           sc.top_p, tuple(sc.suppress_ids)).logits
+  return b
+
+
+def probe_drift(config, graphdef, params, probe) -> dict:
+  """Drift of ``params`` from the behaviour policy on the probe's tokens:
+  ``drift.drift_stats`` (k1/k3, ratios, clip fractions, ESS) plus
+  ``kappa_exact``, the full-vocabulary KL(behaviour || current) per token."""
+  sc, rc = config.sampling, config.rl
+  cur = scoring.score(graphdef, params, probe["prompt"], probe["prompt_mask"],
+                      probe["completion"], probe["completion_mask"], sc.temperature,
+                      sc.top_k, sc.top_p, tuple(sc.suppress_ids))
+  mask = probe["completion_mask"]
+  st = drift.drift_stats(probe["logp_old"], cur.logprobs, mask, rc.clip_eps_low,
+                         rc.clip_eps_high, probe["adv"])
+  kl = drift.exact_kl(probe["logp_all_b"], cur.logits)
+  st["kappa_exact"] = jnp.sum(kl * mask) / jnp.maximum(mask.sum(), 1.0)
+  return {f"heldout_{k}": v for k, v in st.items()}
 
 
 # --------------------------------------------------------------------- updates
@@ -167,13 +217,14 @@ class RoundUpdater:
     self._fns = {}
 
   def __call__(self, state, batch, idx_UxB, lrs_U, on_policy_first, *, split=False,
-               exact=False, drift=False):
+               exact=False, drift=False, probe=None):
     flags = (bool(split), bool(exact), bool(drift))
     if flags not in self._fns:
       self._fns[flags] = jax.jit(functools.partial(
           self._round, split=flags[0], exact=flags[1], drift=flags[2]), donate_argnums=(0,))
     return self._fns[flags](state, batch, jnp.asarray(idx_UxB, jnp.int32),
-                            jnp.asarray(lrs_U, jnp.float32), jnp.asarray(on_policy_first))
+                            jnp.asarray(lrs_U, jnp.float32), jnp.asarray(on_policy_first),
+                            probe)
 
   def _exact_moments(self, params, mb):
     c = self.c
@@ -191,7 +242,8 @@ class RoundUpdater:
     spec = jax.sharding.PartitionSpec("data")
     return jax.lax.with_sharding_constraint(x, jax.sharding.NamedSharding(self.mesh, spec))
 
-  def _round(self, state, batch, idx_UxB, lrs_U, on_policy_first, *, split, exact, drift):
+  def _round(self, state, batch, idx_UxB, lrs_U, on_policy_first, probe, *, split, exact,
+             drift):
     B_mb = idx_UxB.shape[1]
     mbs = jax.tree.map(lambda x: x[idx_UxB], batch)  # leaves [U, B_mb, ...]
     take = lambda j: {k: self._place(v[j]) for k, v in mbs.items()}
@@ -203,7 +255,11 @@ class RoundUpdater:
         extras["exact"] = moments
       if drift:
         d0 = self._drift_estimates(moments)
+    held = lambda params: ({} if probe is None else
+                           probe_drift(self.c, self.graphdef, params, probe))
+    h0 = held(state["params"])
     state, m0, sm = self._update(state, first, lrs_U[0], split=split)
+    m0.update(h0)
     if split:
       extras["split"], extras["split_adam"] = sm
     metrics = jax.tree.map(lambda x: x[None], m0)
@@ -217,8 +273,9 @@ class RoundUpdater:
         mb = dict({k: self._place(v) for k, v in mb.items()},
                   on_policy=jnp.zeros((B_mb,), bool))
         d = self._drift_estimates(self._exact_moments(state["params"], mb)) if drift else {}
+        h = held(state["params"])
         state, m, _ = self._update(state, mb, lr, split=False)
-        return state, (m, d)
+        return state, (m | h, d)
 
       state, (ms, ds) = jax.lax.scan(body, state, (rest, lrs_U[1:]))
       cat = lambda a, b: jnp.concatenate([a, b])
@@ -235,10 +292,12 @@ class RoundUpdater:
     c, graphdef = self.c, self.graphdef
     params, opt_state = state["params"], state["opt_state"]
     moments = None
-    if split:
+    if split:  # raw, and in Adam's metric (before this update) once Adam has one
+      metric = gradstats.adam_metric(opt_state, c.optim.b2, c.optim.eps)
       loss, grads, aux, moments = gradstats.split_grads(
-          params, graphdef, mb, self.P_mb, self.K, c.rl, c.sampling)
-      moments = (moments, None)
+          params, graphdef, mb, self.P_mb, self.K, c.rl, c.sampling, metric=metric)
+      if metric is None:
+        moments = (moments, None)
     else:
       counts = objective.counts_of(mb)
       (loss, aux), grads = jax.value_and_grad(objective.batch_loss, has_aux=True)(
@@ -265,20 +324,6 @@ class RoundUpdater:
     return state, m, moments
 
 
-def adam_metric(opt_state, oc):
-  """Per-parameter ``1 / (sqrt(nu_hat) + eps)`` of the Adam state (before this
-  update), or None where the state has no Adam moments. At step 0 (nu = 0)
-  the metric is all 1/eps: its noise scale is then flagged by the caller."""
-  found = [s for s in jax.tree.leaves(opt_state,
-                                      is_leaf=lambda x: isinstance(x, optax.ScaleByAdamState))
-           if isinstance(s, optax.ScaleByAdamState)]
-  if len(found) != 1:
-    return None
-  st = found[0]
-  corr = 1.0 - oc.b2 ** jnp.maximum(st.count, 1).astype(jnp.float32)
-  return jax.tree.map(lambda v: 1.0 / (jnp.sqrt(v / corr) + oc.eps), st.nu)
-
-
 # ------------------------------------------------------------------------ run
 
 @dataclasses.dataclass
@@ -296,6 +341,7 @@ class Run:
   state: dict
   meta: dict
   ema: noise.NoiseEMA
+  ema_adam: noise.NoiseEMA
   controller: Any
   writer: Any
   leaf_groups: list
@@ -323,47 +369,75 @@ def start_run(config, workdir: str, setup: Setup) -> Run:
   state = dict(params=copy(base_params), opt_state=tx.init(base_params),
                history=[copy(base_params) for _ in range(c.batch.staleness)])
   ema = noise.NoiseEMA(c.noise.ema_decay)
+  ema_adam = noise.NoiseEMA(c.noise.ema_decay)  # the same in Adam's metric
   meta = dict(round=0, step=0, rollouts_seen=0, consecutive_nonfinite=0,
               skipped_updates=0, base_pass_rate=None, seconds=0.0)
   if resume is not None:
     state, meta = ckpt.restore(resume, state)
     ema.load_state_dict(meta["ema"])
+    if "ema_adam" in meta:
+      ema_adam.load_state_dict(meta["ema_adam"])
   controller = None
   if c.batch.schedule == "adaptive":
+    b = c.batch
     controller = batch_lib.AdaptiveBatch(
-        c.batch.rollouts_per_prompt, c.batch.adaptive_min_prompts,
-        c.batch.adaptive_max_prompts, c.batch.adaptive_factor, c.batch.adaptive_every,
-        prompts=meta.get("prompts", c.batch.num_prompts))
+        b.rollouts_per_prompt, b.adaptive_min_prompts, b.adaptive_max_prompts,
+        b.adaptive_factor, b.adaptive_every, prompts=b.num_prompts,
+        hysteresis=b.adaptive_hysteresis)
+    if "controller" in meta:
+      controller.load_state_dict(meta["controller"])
   writer = metrics_lib.MetricsWriter(workdir, resume_round=meta["round"] + 1)
   leaf_groups = [gradstats.param_group(p) for p in gradstats.leaf_paths(base_params)]
   return Run(c, workdir, setup, ckpt, mesh, graphdef, base_params, base_summary, tx,
-             state, meta, ema, controller, writer, leaf_groups)
+             state, meta, ema, ema_adam, controller, writer, leaf_groups)
 
 
 def evaluate(run: Run, params) -> dict:
-  """Held-out eval: sampled pass@1 overall and by difficulty, as metrics fields."""
+  """Held-out eval as metrics fields: the exact expected pass rate
+  (``eval_expected_pass``, by difficulty ``_d<k>``) where the task enumerates
+  its answers, the sampled pass@1 (``eval_pass_rate``), and what each cost."""
   c, s = run.config, run.setup
-  ev = rollouts.pass_rate(run.graphdef, params, s.task, s.tok, s.eval_problems,
-                          jax.random.key(c.train.eval_seed), s.layout,
-                          c.train.eval_temperature)
-  row = {"eval_pass_rate": ev["pass_rate"]}
-  row.update({f"eval_pass_rate_d{d}": v for d, v in ev["by_difficulty"].items()})
+  row = {}
+  if s.expected is not None:
+    t = time.time()
+    ex = s.expected(run.graphdef, params)
+    row["eval_expected_pass"] = ex["expected_pass"]
+    row.update({f"eval_expected_pass_d{d}": v for d, v in ex["by_difficulty"].items()})
+    row["eval_expected_seconds"] = time.time() - t
+  if c.train.eval_sampled:
+    t = time.time()
+    ev = rollouts.pass_rate(run.graphdef, params, s.task, s.tok, s.eval_problems,
+                            jax.random.key(c.train.eval_seed), s.layout,
+                            c.train.eval_temperature, suppress_ids=c.sampling.suppress_ids)
+    row["eval_pass_rate"] = ev["pass_rate"]
+    row.update({f"eval_pass_rate_d{d}": v for d, v in ev["by_difficulty"].items()})
+    row["eval_sampled_seconds"] = time.time() - t
   return row
 
 
-def choose_prompts(run: Run, rnd: int) -> int:
-  """P for round ``rnd``: the config's, or the adaptive controller's choice."""
+def eval_score(row: dict) -> float | None:
+  """The pass rate targets are judged on: exact expected where measured."""
+  return row.get("eval_expected_pass", row.get("eval_pass_rate"))
+
+
+def choose_prompts(run: Run, rnd: int) -> tuple[int, dict]:
+  """P for round ``rnd`` -- the config's, or the adaptive controller's from
+  the tracked signal's interval -- and the signal fields to log."""
+  b = run.config.batch
   if run.controller is None:
-    return run.config.batch.num_prompts
-  K = run.config.batch.rollouts_per_prompt
-  # B_noise at the run's K from the tracker (P only enters its validation)
-  P = run.controller.update(rnd, run.ema.stats(2, K).b_noise if run.ema.count else float("nan"))
-  run.meta["prompts"] = P
-  return P
+    return b.num_prompts, {}
+  ema = run.ema_adam if b.adaptive_signal == "b_noise_adam" else run.ema
+  sig = ema.interval(b.adaptive_z)
+  P = run.controller.update(rnd, sig)
+  run.meta["controller"] = run.controller.state_dict()
+  return P, {"adaptive/signal": sig["b_noise"], "adaptive/signal_lo": sig["lo"],
+             "adaptive/signal_hi": sig["hi"], "adaptive/resolved": sig["resolved"],
+             "adaptive/prompts": P}
 
 
-def update_round(run: Run, batch: dict, rnd: int, P: int):
-  """All updates of round ``rnd`` (minibatches x epochs) in one jitted call.
+def update_round(run: Run, batch: dict, rnd: int, P: int, probe=None):
+  """All updates of round ``rnd`` (minibatches x epochs) in one jitted call;
+  with a ``probe`` (``probe_batch``), held-out drift before every update.
 
   Returns ``(rows, extras)``: one host dict of metrics per update and the
   noise moments / drift estimates that were due this round."""
@@ -388,7 +462,7 @@ def update_round(run: Run, batch: dict, rnd: int, P: int):
   new_state, metrics, extras = run.updater(P_mb)(
       train_state, sharding.shard_batch(batch, run.mesh), np.stack(idx), lrs,
       c.batch.staleness == 0, split=due(c.noise.split_every),
-      exact=due(c.noise.exact_every), drift=due(c.noise.drift_every))
+      exact=due(c.noise.exact_every), drift=due(c.noise.drift_every), probe=probe)
   run.state.update(new_state)
   metrics, extras = jax.device_get((metrics, extras))  # one read per round
   rows = [{k: v[j] for k, v in metrics.items()} | {"lr": lrs[j]} for j in range(len(idx))]
@@ -450,16 +524,26 @@ def round_row(run: Run, r1: int, P: int, rewards, gen, rows: list, extras: dict,
   for k in ("loss", "grad_norm", "entropy", "sampler_logp_gap", "grad_clipped") + \
       drift.DRIFT_KEYS:
     row[k] = _mean(rows, k)
+  held = [k for k in rows[0] if k.startswith("heldout_")]
+  for k in held:
+    row[k] = _mean(rows, k)
   if len(rows) > 1:
-    for k in ("kappa_k1", "kappa_k3", "clip_frac_low", "clip_frac_high", "ess"):
+    for k in ("kappa_k1", "kappa_k3", "clip_frac_low", "clip_frac_high", "ess") + tuple(
+        k for k in held if k[len("heldout_"):] in ("kappa_exact", "kappa_k1", "kappa_k3",
+                                                   "clip_frac_low", "clip_frac_high", "ess")):
       row[f"{k}_by_update"] = [float(u[k]) for u in rows]
   if "split" in extras:
     est = noise.split_estimates(gradstats.sum_leaves(extras["split"]))
     row.update(noise_row("noise_split", noise.noise_stats(est, P_mb, K)))
     row.update(noise_row("noise_ema", run.ema.update(est, P_mb, K)))
-    if extras.get("split_adam") is not None:
+    if extras.get("split_adam") is not None and run.meta["step"] > len(rows):
+      # (Adam's metric exists only after its first step)
       est = noise.split_estimates(gradstats.sum_leaves(extras["split_adam"]))
       row.update(noise_row("noise_split_adam", noise.noise_stats(est, P_mb, K)))
+      row.update(noise_row("noise_ema_adam", run.ema_adam.update(est, P_mb, K)))
+    iv = run.ema.interval(c.batch.adaptive_z)
+    row.update({"noise_ema/b_noise_se": iv["se"], "noise_ema/b_noise_lo": iv["lo"],
+                "noise_ema/b_noise_hi": iv["hi"]})
   if "exact" in extras:
     mom = extras["exact"]
     row.update(noise_row("noise_exact", noise.noise_stats(
@@ -476,16 +560,17 @@ def round_row(run: Run, r1: int, P: int, rewards, gen, rows: list, extras: dict,
 
 def log_row(run: Run, row: dict, bar) -> None:
   run.writer.write(row)
-  ev = row.get("eval_pass_rate")
+  ev = eval_score(row)
   bar.set_postfix(reward=f"{row['reward_mean']:.3f}", pass_rate="-" if ev is None
                   else f"{ev:.3f}")
   if not run.config.train.progress:
-    keys = ("round", "reward_mean", "loss", "entropy", "eval_pass_rate")
+    keys = ("round", "reward_mean", "loss", "entropy", "eval_pass_rate", "eval_expected_pass")
     print(json.dumps({k: row[k] for k in keys if k in row}), flush=True)
 
 
 def checkpoint(run: Run, r1: int) -> None:
-  run.meta.update(round=r1, ema=run.ema.state_dict(), model=run.config.model.to_dict())
+  run.meta.update(round=r1, ema=run.ema.state_dict(), ema_adam=run.ema_adam.state_dict(),
+                  model=run.config.model.to_dict())
   run.ckpt.save(r1, run.state, run.meta)
 
 
@@ -510,28 +595,31 @@ def _train_rl(c, workdir, setup):
   meta = run.meta
   if meta["base_pass_rate"] is None:
     ev = evaluate(run, run.state["params"])
-    meta["base_pass_rate"] = ev["eval_pass_rate"]
+    meta["base_pass_rate"] = eval_score(ev)
     run.writer.write({"round": 0, "rollouts_seen": 0} | ev)
   end = meta["round"] if meta.get("stopped_at_target") else c.train.num_rounds
   bar = tqdm.tqdm(range(meta["round"], end), initial=meta["round"], desc="rl",
                   total=c.train.num_rounds, disable=not c.train.progress, mininterval=1.0)
   for rnd in bar:
     r1, t0 = rnd + 1, time.time()
-    P = choose_prompts(run, rnd)
+    P, signal = choose_prompts(run, rnd)
     behaviour = run.state["history"][0] if c.batch.staleness else run.state["params"]
     batch, rewards, gen = round_batch(c, run.graphdef, behaviour, run.base_params, setup,
                                       rnd, P, run.mesh)
+    probe = probe_batch(c, run.graphdef, behaviour, setup, rnd, run.mesh)
     t_gen = time.time() - t0
-    rows, extras = update_round(run, batch, rnd, P)
+    rows, extras = update_round(run, batch, rnd, P, probe)
     check_finite(run, rows, r1)
     meta["rollouts_seen"] += P * c.batch.rollouts_per_prompt
     row = round_row(run, r1, P, rewards, gen, rows, extras, t_gen, time.time() - t0 - t_gen)
+    row.update(signal)
     if (c.train.eval_every and r1 % c.train.eval_every == 0) or r1 == c.train.num_rounds:
       row.update(evaluate(run, run.state["params"]))
     meta["seconds"] += time.time() - t0
     log_row(run, row, bar)
-    reached = bool(c.train.stop_at_pass_rate) and \
-        row.get("eval_pass_rate", -1.0) >= c.train.stop_at_pass_rate
+    score = eval_score(row)
+    reached = bool(c.train.stop_at_pass_rate) and score is not None and \
+        score >= c.train.stop_at_pass_rate
     if (c.train.checkpoint_every and r1 % c.train.checkpoint_every == 0) or \
         r1 == c.train.num_rounds or reached:
       checkpoint(run, r1)
@@ -553,12 +641,19 @@ def _write_summary(workdir, summary):
   os.replace(path + ".tmp", path)
 
 
+def run_has_expected(rows) -> bool:
+  return any("eval_expected_pass" in r for r in rows)
+
+
 def _summarise(c, workdir, meta, base_summary, wall):
   rows = metrics_lib.read_jsonl(os.path.join(workdir, "metrics.jsonl"))
-  evals = [(r["round"], r["eval_pass_rate"]) for r in rows if "eval_pass_rate" in r]
+  evals = [(r["round"], eval_score(r)) for r in rows if eval_score(r) is not None]
+  sampled = [r["eval_pass_rate"] for r in rows if "eval_pass_rate" in r]
   summary = dict(
       base_pass_rate=meta["base_pass_rate"],
       final_pass_rate=evals[-1][1] if evals else None,
+      final_sampled_pass_rate=sampled[-1] if sampled else None,
+      pass_rate_metric="eval_expected_pass" if run_has_expected(rows) else "eval_pass_rate",
       rounds=meta["round"], rollouts_seen=meta["rollouts_seen"],
       optimizer_steps=meta["step"], skipped_updates=meta["skipped_updates"],
       stopped_at_target=meta.get("stopped_at_target", False),

@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 
 from cbs_jax import batch
+from cbs_jax import noise
 
 
 def test_lr_rules_closed_form():
@@ -26,25 +27,11 @@ def test_steps_to_target_interpolates_the_first_crossing():
   assert batch.steps_to_target(steps, vals, 0.9) is None
 
 
-def test_fit_critical_batch_recovers_the_law():
-  s_min, b_crit = 120.0, 700.0
-  n = np.array([64, 128, 256, 512, 1024, 2048])
-  s = s_min * (1 + b_crit / n)
-  fit = batch.fit_critical_batch(n, s)
-  assert fit["S_min"] == pytest.approx(s_min) and fit["B_crit"] == pytest.approx(b_crit)
-  assert fit["E_min"] == pytest.approx(s_min * b_crit) and fit["r2"] == pytest.approx(1.0)
-  # the hyperbola (S/S_min - 1)(E/E_min - 1) = 1 holds at every N
-  e = n * s
-  assert np.allclose((s / fit["S_min"] - 1) * (e / fit["E_min"] - 1), 1.0)
-  with pytest.raises(ValueError, match="distinct"):
-    batch.fit_critical_batch([64, 64], [1, 2])
-
-
 def test_adaptive_controller_buckets_and_holds_on_unresolved_noise():
   c = batch.AdaptiveBatch(K=16, min_prompts=8, max_prompts=128, factor=1.0, every=5)
   assert c.buckets == [8, 16, 32, 64, 128]
   assert c.update(0, 5000.0) == 8          # no decision at round 0
-  assert c.update(5, 1000.0) == 64         # 1000/16 = 62.5 -> bucket 64
+  assert c.update(5, 1000.0) == 64         # 1000/16 = 62.5 -> nearest bucket 64
   assert c.update(7, 50.0) == 64           # only every 5 rounds
   assert c.update(10, float("nan")) == 64  # unresolved: keep
   assert c.update(15, 100000.0) == 128     # clipped to max
@@ -53,3 +40,92 @@ def test_adaptive_controller_buckets_and_holds_on_unresolved_noise():
   assert c2.update(1, 200.0) == 64         # 2*200/8 = 50 -> 64
   with pytest.raises(ValueError, match="min_prompts"):
     batch.AdaptiveBatch(K=8, min_prompts=16, max_prompts=8)
+  with pytest.raises(ValueError, match="hysteresis"):
+    batch.AdaptiveBatch(K=8, min_prompts=4, max_prompts=8, hysteresis=0.5)
+
+
+def _interval(b, lo, hi, resolved=True):
+  return dict(b_noise=b, lo=lo, hi=hi, resolved=resolved)
+
+
+def test_adaptive_controller_moves_only_on_resolved_changes():
+  c = batch.AdaptiveBatch(K=16, min_prompts=8, max_prompts=256, every=1, prompts=32)
+  # the interval straddles the current bucket's widened range: hold
+  assert c.update(1, _interval(32 * 16 * 1.5, 32 * 16 * 0.9, 32 * 16 * 2.5)) == 32
+  # an unresolved interval never moves, whatever its point estimate
+  assert c.update(2, _interval(1e6, 0.0, float("inf"), resolved=False)) == 32
+  # the whole interval is far above: move to the bucket nearest the estimate
+  assert c.update(3, _interval(128 * 16, 100 * 16, 160 * 16)) == 128
+  assert c.changes == 1
+
+
+def _tracker_run(true_b, rounds, noise_frac, seed, K=16, P=16, every=10, decay=0.95):
+  """Feed a NoiseEMA per-round estimates with i.i.d. relative noise around a
+  B_noise trajectory; the controller reads its interval."""
+  rng = np.random.default_rng(seed)
+  ema = noise.NoiseEMA(decay)
+  ctl = batch.AdaptiveBatch(K=K, min_prompts=4, max_prompts=512, every=every, prompts=P)
+  chosen = []
+  for t in range(rounds):
+    g2 = 1.0
+    tr = true_b(t) * g2  # trace_intra + K trace_inter at g2 = 1 (trace_inter = 0)
+    est = dict(trace_intra=tr * (1 + noise_frac * rng.uniform(-1, 1)), trace_inter=0.0,
+               g2=g2 * (1 + noise_frac * rng.uniform(-1, 1)))
+    chosen.append(ctl.update(t, ema.interval(2.0)))
+    ema.update(est, P, K)
+  return chosen, ctl
+
+
+def test_adaptive_noisy_flat_signal_does_not_oscillate():
+  # B_noise flat at 16 x 16 rollouts (the starting bucket) with +-30% i.i.d.
+  # noise on both numerator and denominator: at most one change in 200 rounds
+  for seed in range(5):
+    chosen, ctl = _tracker_run(lambda t: 256.0, 200, 0.3, seed, every=1)
+    assert ctl.changes <= 1, (seed, sorted(set(chosen)))
+    assert set(chosen) <= set(ctl.buckets)
+  # the same at a bucket boundary (sqrt2 x 16 prompts): still no oscillation
+  chosen, ctl = _tracker_run(lambda t: 16 * 16 * np.sqrt(2), 200, 0.3, 0, every=1)
+  assert ctl.changes <= 1
+
+
+def test_adaptive_rising_signal_raises_n_within_bounds():
+  chosen, ctl = _tracker_run(lambda t: 256.0 * 2 ** (t / 40), 400, 0.3, 1)
+  assert chosen[-1] >= 8 * chosen[0]       # B_noise rose 1000x, clipped at the max
+  assert all(b >= a for a, b in zip(chosen, chosen[1:]))  # never back down
+  assert set(chosen) <= set(ctl.buckets) and max(chosen) <= 512
+
+
+def test_adaptive_state_restore_continues_the_schedule():
+  full, _ = _tracker_run(lambda t: 256.0 * 2 ** (t / 40), 200, 0.3, 2)
+  # replay: stop at round 100, save both states, restore into new objects
+  rng = np.random.default_rng(2)
+  ema, ctl = noise.NoiseEMA(0.95), batch.AdaptiveBatch(16, 4, 512, every=10, prompts=16)
+  chosen = []
+  for t in range(200):
+    if t == 100:
+      e_state, c_state = ema.state_dict(), ctl.state_dict()
+      ema, ctl = noise.NoiseEMA(0.5), batch.AdaptiveBatch(16, 4, 512, every=10, prompts=4)
+      ema.load_state_dict(e_state)
+      ctl.load_state_dict(c_state)
+    tr = 256.0 * 2 ** (t / 40)
+    est = dict(trace_intra=tr * (1 + 0.3 * rng.uniform(-1, 1)), trace_inter=0.0,
+               g2=1 + 0.3 * rng.uniform(-1, 1))
+    chosen.append(ctl.update(t, ema.interval(2.0)))
+    ema.update(est, 16, 16)
+  assert chosen == full
+
+
+def test_tracker_interval_covers_a_fixed_b_noise():
+  """Coverage of the EMA interval for a constant B_noise (independent per-round
+  estimates): the +-2 SE interval contains the truth most of the time."""
+  covered = 0
+  for seed in range(200):
+    rng = np.random.default_rng(seed)
+    ema = noise.NoiseEMA(0.9)
+    for _ in range(60):
+      ema.update(dict(trace_intra=400 * (1 + 0.5 * rng.standard_normal()),
+                      trace_inter=10 * (1 + 0.5 * rng.standard_normal()),
+                      g2=1 + 0.5 * rng.standard_normal()), 16, 16)
+    iv = ema.interval(2.0)
+    covered += iv["resolved"] and iv["lo"] <= 560 <= iv["hi"]
+  assert 0.85 <= covered / 200 <= 1.0

@@ -170,20 +170,3 @@ def test_all_zero_mask():
   for k, v in s.items():
     assert math.isfinite(v), k
     assert v == (1.0 if k in ("ess", "seq_ess") else 0.0), (k, v)
-
-
-def test_fit_quadratic_recovers_coefficients_and_r2():
-  from cbs_jax import drift as drift_lib
-  rng = np.random.default_rng(0)
-  k = rng.uniform(0, 0.2, size=200)
-  y = 3.0 + 5.0 * k + 40.0 * k ** 2
-  fit = drift_lib.fit_quadratic(k, y)
-  assert fit["a0"] == pytest.approx(3.0) and fit["a1"] == pytest.approx(5.0)
-  assert fit["a2"] == pytest.approx(40.0) and fit["r2"] == pytest.approx(1.0)
-  noisy = y + rng.normal(scale=0.5, size=k.size)
-  f2 = drift_lib.fit_quadratic(k, noisy)
-  # independent R^2: squared correlation of data and fitted values
-  fitted = f2["a0"] + f2["a1"] * k + f2["a2"] * k ** 2
-  assert f2["r2"] == pytest.approx(np.corrcoef(noisy, fitted)[0, 1] ** 2, rel=1e-9)
-  with pytest.raises(ValueError, match="distinct kappa"):
-    drift_lib.fit_quadratic([0.1, 0.1, 0.1], [1, 2, 3])

@@ -129,6 +129,7 @@ def assert_trees_equal(a, b):
 class FirstDigitOne(arithmetic.ArithmeticTask):
   """Reward 1 iff the completion starts with '1': learnable in a few updates,
   so gradients are non-zero and parameters really move."""
+  enumerable = False  # its accepted set is not arithmetic's
 
   def verify(self, problem, completion):
     return float(completion.startswith("1"))
@@ -300,8 +301,8 @@ class NaNRewards(FirstDigitOne):
   poison_rounds: frozenset = frozenset()
 
   # (no __init__ override: make_task reads the constructor's keyword names)
-  def sample(self, rng, n):
-    problems = super().sample(rng, n)
+  def sample(self, rng, n, split="train"):
+    problems = super().sample(rng, n, split)
     if n == P_TINY:
       self.train_draws = getattr(self, "train_draws", 0) + 1
       if self.train_draws in self.poison_rounds:
@@ -444,7 +445,8 @@ _MODEL_INTS = ("vocab_size", "d_model", "num_layers", "num_heads", "num_kv_heads
 
 BAD_FIELDS = (
     [("task.name", "nope")]
-    + [(f, "nope") for f in config_lib._CHOICES]
+    + [(f, "nope") for f in config_lib._CHOICES if isinstance(_default(f), str)]
+    + [(f, 7) for f in config_lib._CHOICES if isinstance(_default(f), int)]
     + [(f, 0) for f in config_lib._POSITIVE]
     + [(f, -1) for f in config_lib._POSITIVE]
     + [(f, True) for f in config_lib._POSITIVE  # bools pass type-safe int assignment
@@ -674,13 +676,13 @@ class InterruptibleTask(FirstDigitOne):
 
   interrupt_at = None
 
-  def sample(self, rng, n):
+  def sample(self, rng, n, split="train"):
     if n == P_TINY:
       self.train_draws = getattr(self, "train_draws", 0) + 1
       if type(self).interrupt_at == self.train_draws:
         type(self).interrupt_at = None
         raise KeyboardInterrupt
-    return super().sample(rng, n)
+    return super().sample(rng, n, split)
 
 
 def test_interrupted_sweep_resumes_without_redoing_or_losing_runs(monkeypatch, tmp_path):

@@ -508,11 +508,16 @@ def test_gsm8k_committed_examples():
         assert task.verify(p, p.solution) == 1.0
         assert task.verify(p, p.solution + "\n") == 1.0
         assert task.verify(p, f"#### {float(p.answer) + 1}") == 0.0
-    # Sampling draws every example, uniformly-ish, with replacement.
-    drawn = task.sample(np.random.default_rng(0), 7000)
+    # The generator draws every example, uniformly-ish, with replacement;
+    # each split draws its own examples only, and both splits are non-empty.
+    drawn = task.draw(np.random.default_rng(0), 7000)
     counts = collections.Counter(p.meta[0] for p in drawn)
     assert len(counts) == len(task.problems)
     assert min(counts.values()) > 0.8 * 7000 / len(task.problems)
+    train = {p.meta[0] for p in task.sample(np.random.default_rng(1), 2000)}
+    held = {p.meta[0] for p in task.sample(np.random.default_rng(2), 500, "eval")}
+    assert train and held and not train & held
+    assert train | held == set(range(len(task.problems)))
 
 
 def _gsm(answer):

@@ -32,6 +32,11 @@ verify: the completion, stripped of surrounding whitespace, must be an
 optional '-' followed by ASCII digits only, with the same integer value as
 the answer (so "007" counts as 7 and "-0" as 0: a choice, the value is what
 is checked); anything else, or more than 64 characters, scores 0.
+`accepted_completions` lists all of those variants within a length budget
+(the exact expected pass rate counts every one of them).
+
+Split: `problem_key` is "{a}{op}{b}" (see `base`); 1-digit problems (200
+with "+-") keep ~20 for eval.
 """
 from __future__ import annotations
 
@@ -72,6 +77,8 @@ class ArithmeticTask(base.Task):
         normalised here); None = uniform.
       mul_max_digits: cap on the digit count of '*' operands.
     """
+
+    enumerable = True  # accepted_completions lists every accepted string
 
     def __init__(self, min_digits: int = 1, max_digits: int = 4,
                  ops: str = "+-*", digit_weights=None,
@@ -139,7 +146,7 @@ class ArithmeticTask(base.Task):
                             max_sol = max(max_sol, len(str(_apply(a, op, b))))
         return max_prompt, max_sol
 
-    def sample(self, rng: np.random.Generator, n: int) -> list[base.Problem]:
+    def draw(self, rng: np.random.Generator, n: int) -> list[base.Problem]:
         n = base.check_n(n)
         op_idx = rng.integers(len(self.ops), size=n)
         digits = rng.choice(self.digit_counts, size=(n, 2),
@@ -160,6 +167,28 @@ class ArithmeticTask(base.Task):
                 prompt=f"{a}{op}{b}=", answer=result, solution=result,
                 difficulty=difficulty, meta=(a, op, b)))
         return problems
+
+    def problem_key(self, problem: base.Problem) -> str:
+        if len(problem.meta) == 3:
+            a, op, b = problem.meta
+            return f"{int(a)}{op}{int(b)}"
+        return problem.prompt
+
+    def accepted_completions(self, problem: base.Problem,
+                             max_chars: int) -> list[str]:
+        """Every string of at most `max_chars` characters that verifies:
+        the answer's digits with any number of leading zeros, a '-' before
+        a negative answer, and "-0", "-00", ... where the answer is 0
+        (whitespace is not in the alphabet, so no padded variants)."""
+        value = int(problem.answer)
+        digits, sign = str(abs(value)), "-" if value < 0 else ""
+        out = []
+        for zeros in range(max_chars):
+            body = "0" * zeros + digits
+            for s in (sign + body,) + (("-" + body,) if value == 0 else ()):
+                if len(s) <= max_chars:
+                    out.append(s)
+        return out
 
     def verify(self, problem: base.Problem, completion: str) -> float:
         if not isinstance(completion, str):

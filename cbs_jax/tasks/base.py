@@ -14,13 +14,46 @@ Contract every task keeps (the rest of the code relies on it):
 * `verify(problem, completion)` returns a float in [0, 1] and never raises,
   whatever the completion: empty, huge, random text, non-ASCII, or not a
   string at all (anything that is not a `str` scores 0).
+
+Held out by construction. Every problem has a canonical identity
+(`problem_key`: arithmetic's (a, op, b), countdown's sorted numbers and
+target, GSM8K's question); a stable hash of it puts the problem in the
+"eval" part (a fraction `EVAL_FRACTION` of the problem space, at every
+difficulty) or the "train" part. `sample(rng, n, split)` draws from the
+task's generator (`draw`) and keeps the problems of the asked split
+(rejection sampling: each split keeps the generator's distribution,
+difficulty mix included, conditioned on the hash). SFT and RL draw "train",
+the held-out eval draws "eval", so no eval problem is ever trained on, at
+any seed. Small difficulty levels are split like the rest: 1-digit
+addition/subtraction (200 problems) keeps ~20 of them for eval, and an eval
+set of hundreds of prompts repeats those few (sampled with replacement, as
+every split is); that is counted, not hidden (`tests/test_tasks.py`).
+
+Exact evaluation. A task whose accepted completions can be listed sets
+`enumerable = True` and implements `accepted_completions(problem,
+max_chars)`: every string of at most `max_chars` characters, over the
+characters of `alphabet`, that `verify` scores 1.0. The exact expected
+pass rate (`cbs_jax.evaluation`) sums the policy's probability of each.
 """
 from __future__ import annotations
 
 import abc
 import dataclasses
+import hashlib
 
 import numpy as np
+
+SPLITS = ("train", "eval")
+EVAL_FRACTION = 0.1   # share of every task's problem space held out for evaluation
+_HASH_BUCKETS = 10_000
+_MAX_REJECTIONS = 1_000  # draws per requested problem before a split is declared empty
+
+
+def stable_fraction(key: str) -> float:
+    """A number in [0, 1) fixed by ``key`` alone (blake2b; not Python's
+    salted ``hash``), the same on every machine and run."""
+    digest = hashlib.blake2b(key.encode("utf-8"), digest_size=8).digest()
+    return (int.from_bytes(digest, "big") % _HASH_BUCKETS) / _HASH_BUCKETS
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,10 +87,50 @@ class Task(abc.ABC):
     alphabet: str
     max_prompt_len: int
     max_completion_len: int
+    enumerable: bool = False  # accepted_completions lists every accepted string
 
     @abc.abstractmethod
-    def sample(self, rng: np.random.Generator, n: int) -> list[Problem]:
-        """Draws `n` problems; deterministic given the state of `rng`."""
+    def draw(self, rng: np.random.Generator, n: int) -> list[Problem]:
+        """Draws `n` problems from the whole problem space (both splits);
+        deterministic given the state of `rng`."""
+
+    def problem_key(self, problem: Problem) -> str:
+        """The problem's canonical identity (what the split hashes); two
+        prompts of the same problem share it. Default: the prompt."""
+        return problem.prompt
+
+    def split_of(self, problem: Problem) -> str:
+        """"eval" or "train": a fixed function of `problem_key`."""
+        key = f"{self.name}|{self.problem_key(problem)}"
+        return "eval" if stable_fraction(key) < EVAL_FRACTION else "train"
+
+    def sample(self, rng: np.random.Generator, n: int,
+               split: str = "train") -> list[Problem]:
+        """Draws `n` problems of `split` ("train": SFT and RL; "eval": the
+        held-out evaluation); deterministic given the state of `rng`.
+
+        Raises ValueError for an unknown split, RuntimeError naming the task
+        and split when the generator yields none of that split.
+        """
+        n = check_n(n)
+        if split not in SPLITS:
+            raise ValueError(f"split={split!r} is not one of {list(SPLITS)}")
+        out: list[Problem] = []
+        drawn = 0
+        while len(out) < n:
+            chunk = self.draw(rng, max(n - len(out), 16))
+            drawn += len(chunk)
+            out.extend(p for p in chunk if self.split_of(p) == split)
+            if not out and drawn > _MAX_REJECTIONS * max(n, 16):
+                raise RuntimeError(f"task {self.name!r}: no {split!r} problem in "
+                                   f"{drawn} draws")
+        return out[:n]
+
+    def accepted_completions(self, problem: Problem, max_chars: int) -> list[str]:
+        """Every string of at most `max_chars` characters of `alphabet` that
+        `verify` scores 1.0 (tasks with `enumerable = True`)."""
+        raise NotImplementedError(
+            f"task {self.name!r} cannot enumerate its accepted completions")
 
     @abc.abstractmethod
     def verify(self, problem: Problem, completion: str) -> float:

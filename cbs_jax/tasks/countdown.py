@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import collections
 import fractions
+import functools
 import re
 
 import numpy as np
@@ -205,6 +206,68 @@ def _numbers_and_target(problem: base.Problem):
     return numbers, int(match.group(2))
 
 
+def enumerate_expressions(numbers, target: int, max_chars: int) -> list[str]:
+    """Every string of at most `max_chars` characters over digits, "+-*/"
+    and parentheses that `evaluate`s to `target` using a sub-multiset of
+    `numbers` as literals: any operand order and parenthesisation (redundant
+    parentheses included), literals with leading zeros ("07" is 7). Built
+    bottom-up from the grammar `verify` parses (expr := term (+|- term)*,
+    term := factor (*|/ factor)*, factor := literal | "(" expr ")"), so it
+    is exactly the set `verify` accepts over this alphabet (no whitespace:
+    it is not in the task's alphabet). Sorted; duplicates removed."""
+    nums = tuple(sorted(int(x) for x in numbers))
+    literals = {x: ["0" * z + str(x) for z in range(max_chars - len(str(x)) + 1)]
+                for x in set(nums)}
+
+    def without(rem, x):
+        i = rem.index(x)
+        return rem[:i] + rem[i + 1:]
+
+    # each entry: (text, exact value, literals still unused)
+    @functools.lru_cache(maxsize=None)
+    def factor(rem, budget):
+        out = [(s, fractions.Fraction(x), without(rem, x))
+               for x in set(rem) for s in literals[x] if len(s) <= budget]
+        if budget >= 3:
+            out += [("(" + s + ")", v, r) for s, v, r in expr(rem, budget - 2)]
+        return tuple(out)
+
+    def _mul(v, op, v2):
+        if op == "*":
+            return v * v2
+        return None if v2 == 0 else v / v2
+
+    def _add(v, op, v2):
+        return v + v2 if op == "+" else v - v2
+
+    @functools.lru_cache(maxsize=None)
+    def term(rem, budget):
+        return _chain(factor(rem, budget), factor, "*/", _mul, budget)
+
+    @functools.lru_cache(maxsize=None)
+    def expr(rem, budget):
+        return _chain(term(rem, budget), term, "+-", _add, budget)
+
+    def _chain(first, operand, ops, apply, budget):
+        out, frontier = list(first), list(first)
+        while frontier:
+            new = []
+            for s, v, r in frontier:
+                room = budget - len(s) - 1
+                if room <= 0 or not r:
+                    continue
+                for op in ops:
+                    for s2, v2, r2 in operand(r, room):
+                        value = apply(v, op, v2)
+                        if value is not None:
+                            new.append((s + op + s2, value, r2))
+            out += new
+            frontier = new
+        return tuple(out)
+
+    return sorted({s for s, v, _ in expr(nums, max_chars) if v == target})
+
+
 class CountdownTask(base.Task):
     """Reach a target from `num_numbers` numbers with the operators `ops`.
 
@@ -214,6 +277,8 @@ class CountdownTask(base.Task):
       max_number: numbers are drawn uniformly from [1, max_number].
       ops: operator characters, a subset of "+-*/" without repeats.
     """
+
+    enumerable = True  # accepted_completions lists every accepted string
 
     def __init__(self, num_numbers: int = 3, max_number: int = 20,
                  ops: str = "+-*/"):
@@ -231,7 +296,9 @@ class CountdownTask(base.Task):
                 f"{self.max_number}] with positive integer intermediates")
 
         self.name = "countdown"
-        self.alphabet = "0123456789+-*/(),>: "
+        # no whitespace: prompts and solutions have none, and a policy that
+        # cannot emit it has a finite accepted set (accepted_completions)
+        self.alphabet = "0123456789+-*/(),>:"
         n, digits = self.num_numbers, len(str(self.max_number))
         numbers_len = n * digits + (n - 1)
         self.max_prompt_len = numbers_len + 1 + len(str(self.max_target)) + 1
@@ -264,7 +331,7 @@ class CountdownTask(base.Task):
             pool.append(merged)
         return numbers, pool[0][0], pool[0][1]
 
-    def sample(self, rng: np.random.Generator, n: int) -> list[base.Problem]:
+    def draw(self, rng: np.random.Generator, n: int) -> list[base.Problem]:
         n = base.check_n(n)
         problems = []
         for _ in range(n):
@@ -282,6 +349,20 @@ class CountdownTask(base.Task):
                 difficulty=self.num_numbers,
                 meta=(tuple(numbers), target)))
         return problems
+
+    def problem_key(self, problem: base.Problem) -> str:
+        given = _numbers_and_target(problem)
+        if given is None:
+            return problem.prompt
+        numbers, target = given
+        return f"{sorted(numbers)}>{target}"  # draw order does not make a new problem
+
+    def accepted_completions(self, problem: base.Problem,
+                             max_chars: int) -> list[str]:
+        given = _numbers_and_target(problem)
+        if given is None:
+            return []
+        return enumerate_expressions(given[0], given[1], max_chars)
 
     def verify(self, problem: base.Problem, completion: str) -> float:
         given = _numbers_and_target(problem)

@@ -1,0 +1,106 @@
+"""Fits with intervals: weighted least squares, nested-model tests, bootstrap.
+
+The studies' numbers come from fits: S(N) = S_min (1 + B_crit / N) in
+``batch.py``, noise against kappa in ``drift.py``. Each needs an interval
+and, where two models compete, a test between them. This module holds the
+general pieces (numpy and scipy.stats only):
+
+* ``wls``: weighted least squares y ~ X beta with weights 1 / se^2,
+  coefficient covariance, chi^2, AIC.
+* ``compare_nested``: the F-test for the extra terms of a nested model
+  (the per-point SEs fix the weights' relative sizes; their overall scale is
+  estimated from the residuals, so SEs that are right only up to a factor
+  still give a valid test) and the AIC difference.
+* ``percentile_ci``: a percentile interval of bootstrap replicates that
+  counts non-finite replicates (a degenerate refit) as +inf, so they widen
+  the interval instead of vanishing from it.
+* ``summary``: ``value +- se`` / ``[lo, hi]`` formatting used in tables.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+
+
+@dataclasses.dataclass
+class WLSFit:
+  coef: np.ndarray      # [p]
+  cov: np.ndarray       # [p, p] coefficient covariance, scaled by chi2/dof
+  chi2: float           # sum of squared weighted residuals
+  dof: int              # n - p
+  aic: float            # chi2 + 2 p (Gaussian errors with the given SEs)
+
+  @property
+  def se(self) -> np.ndarray:
+    return np.sqrt(np.maximum(np.diag(self.cov), 0.0))
+
+  @property
+  def reduced_chi2(self) -> float:
+    return self.chi2 / self.dof if self.dof > 0 else math.nan
+
+
+def wls(X, y, se=None) -> WLSFit:
+  """Weighted least squares of y on the columns of X with weights 1 / se^2
+  (unweighted when ``se`` is None). The coefficient covariance is scaled
+  by the reduced chi^2 when there are spare degrees of freedom, so it is
+  right when the SEs are right only up to a common factor."""
+  X = np.asarray(X, np.float64)
+  y = np.asarray(y, np.float64)
+  n, p = X.shape
+  if y.shape != (n,):
+    raise ValueError(f"y has shape {y.shape}, X has {n} rows")
+  w = np.ones(n) if se is None else 1.0 / np.square(np.asarray(se, np.float64))
+  if not np.all(np.isfinite(w)) or np.any(w <= 0):
+    raise ValueError("per-point standard errors must be finite and > 0")
+  sw = np.sqrt(w)
+  A, b = X * sw[:, None], y * sw
+  coef, *_ = np.linalg.lstsq(A, b, rcond=None)
+  resid = b - A @ coef
+  chi2 = float(resid @ resid)
+  dof = n - p
+  try:
+    cov = np.linalg.inv(A.T @ A)
+  except np.linalg.LinAlgError:
+    cov = np.full((p, p), np.nan)
+  if dof > 0:
+    cov = cov * max(chi2 / dof, 1e-300)
+  return WLSFit(coef=coef, cov=cov, chi2=chi2, dof=dof, aic=chi2 + 2 * p)
+
+
+def compare_nested(small: WLSFit, big: WLSFit) -> dict:
+  """F-test that the extra terms of ``big`` (which nests ``small``) are
+  zero, and the AIC difference. Returns ``dict(F, p_value, delta_aic)``
+  (delta_aic = big - small: negative favours ``big``)."""
+  from scipy import stats as sps  # pylint: disable=import-outside-toplevel
+  q = small.dof - big.dof
+  if q <= 0 or big.dof <= 0:
+    return dict(F=math.nan, p_value=math.nan, delta_aic=big.aic - small.aic)
+  F = ((small.chi2 - big.chi2) / q) / max(big.chi2 / big.dof, 1e-300)
+  return dict(F=float(F), p_value=float(sps.f.sf(F, q, big.dof)),
+              delta_aic=float(big.aic - small.aic))
+
+
+def percentile_ci(replicates, level: float = 0.9) -> tuple[float, float]:
+  """Percentile interval of bootstrap ``replicates``; non-finite ones count
+  as +inf (a refit that broke down says "could be anything large")."""
+  r = np.asarray(replicates, np.float64)
+  if r.size == 0:
+    return math.nan, math.nan
+  r = np.where(np.isfinite(r), r, np.inf)
+  # outward rounding of the order statistics (no inf - inf interpolation)
+  lo = np.quantile(r, (1 - level) / 2, method="lower")
+  hi = np.quantile(r, (1 + level) / 2, method="higher")
+  return float(lo), float(hi)
+
+
+def fmt(value, lo=None, hi=None, se=None, digits: int = 3) -> str:
+  """``value [lo, hi]`` or ``value +- se`` with ``digits`` significant digits."""
+  g = lambda x: "inf" if x == math.inf else ("nan" if x is None or not math.isfinite(x)
+                                              else f"{x:.{digits}g}")
+  if lo is not None:
+    return f"{g(value)} [{g(lo)}, {g(hi)}]"
+  if se is not None:
+    return f"{g(value)} ± {g(se)}"
+  return g(value)
