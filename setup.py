@@ -25,5 +25,10 @@ setuptools.setup(
         "test": ["pytest>=7", "pytest-xdist>=3", "hypothesis>=6.80", "scipy>=1.10",
                  "tokenizers>=0.15"],
         "hf": ["tokenizers>=0.15", "safetensors>=0.4"],
+        # logits parity against transformers (tests/test_hf.py). The torch cap keeps
+        # pip on the 2.13 CPU wheel where one is on find-links (torch 2.14 pulls its
+        # CUDA libraries, ~5.6 GB, even on CPU); transformers 4.51 added Qwen3.
+        "parity": ["torch>=2.4,<2.14", "transformers>=4.51", "tokenizers>=0.15",
+                   "safetensors>=0.4"],
     },
 )

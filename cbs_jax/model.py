@@ -4,6 +4,15 @@ Token embedding (optionally tied to the LM head), rotary position embedding,
 RMSNorm, grouped-query attention, SwiGLU MLP, final norm and LM head, plus an
 optional scalar value head for PPO's critic.
 
+Options that imported Hugging Face checkpoints need (``hf.py``), all off by
+default so the default model is unchanged: q/k/v projection biases
+(``qkv_bias``, Qwen2), per-head RMSNorm of q and k before RoPE (``qk_norm``,
+Qwen3), a head width other than ``d_model // num_heads`` (``head_dim``), the
+RMSNorm epsilon (``norm_eps``) and RoPE frequency scaling (``rope_scaling``,
+Hugging Face's "linear" and "llama3" types). ``rope_scaling`` is a
+``"key=value,..."`` string, not a nested dict, so that the config stays a flat
+hashable tuple inside the graphdef and one command-line flag overrides it.
+
 Every parameter carries logical axis names (``vocab``, ``embed``, ``heads``,
 ``kv_heads``, ``head_dim``, ``mlp``, ``layers``-free since layers are
 separate modules) in its ``out_sharding`` metadata, so a mesh can shard it by
@@ -29,6 +38,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 import ml_collections
+import numpy as np
 from flax import nnx
 
 Array = jax.Array
@@ -48,6 +58,14 @@ def default_config() -> ml_collections.ConfigDict:
   c.d_ff = 192             # SwiGLU hidden width
   c.max_len = 64           # longest prompt + completion the KV cache holds
   c.rope_theta = 10_000.0  # RoPE base
+  c.rope_scaling = ""      # RoPE frequency scaling, Hugging Face's rope_scaling dict written
+                           # "key=value,...": "" = none; "rope_type=linear,factor=4";
+                           # "rope_type=llama3,factor=8,low_freq_factor=1,high_freq_factor=4,
+                           # original_max_position_embeddings=8192" (see rope_inv_freq)
+  c.head_dim = 0           # per-head width; 0 = d_model // num_heads (Qwen3 sets its own)
+  c.norm_eps = 1e-6        # RMSNorm epsilon (Hugging Face's rms_norm_eps)
+  c.qkv_bias = False       # biases on the q/k/v projections (Qwen2, Qwen2.5)
+  c.qk_norm = False        # RMSNorm over head_dim of each q and k head before RoPE (Qwen3)
   c.dtype = "float32"      # compute dtype: float32 | bfloat16 (params float32)
   c.tie_embeddings = False  # share the embedding matrix with the LM head
   c.value_head = False     # scalar value head on the final hidden (PPO critic)
@@ -61,19 +79,117 @@ def validate_config(c: ml_collections.ConfigDict, prefix: str = "model") -> None
     v = c[name]
     if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
       raise ValueError(f"{prefix}.{name} must be a positive integer, got {v!r}")
-  if c.d_model % c.num_heads:
+  hd = c.get("head_dim", 0)
+  if isinstance(hd, bool) or not isinstance(hd, int) or hd < 0:
+    raise ValueError(f"{prefix}.head_dim must be a non-negative integer (0 = d_model // "
+                     f"num_heads), got {hd!r}")
+  if not hd and c.d_model % c.num_heads:
     raise ValueError(f"{prefix}.num_heads={c.num_heads} does not divide "
                      f"{prefix}.d_model={c.d_model}")
   if c.num_heads % c.num_kv_heads:
     raise ValueError(f"{prefix}.num_kv_heads={c.num_kv_heads} does not divide "
                      f"{prefix}.num_heads={c.num_heads}")
-  if (c.d_model // c.num_heads) % 2:
+  if hd and hd % 2:
+    raise ValueError(f"{prefix}.head_dim={hd} must be even for RoPE")
+  if not hd and (c.d_model // c.num_heads) % 2:
     raise ValueError(f"head dim {prefix}.d_model/{prefix}.num_heads="
                      f"{c.d_model // c.num_heads} must be even for RoPE")
   if c.dtype not in DTYPES:
     raise ValueError(f"{prefix}.dtype={c.dtype!r} not in {sorted(DTYPES)}")
   if not c.rope_theta > 0:
     raise ValueError(f"{prefix}.rope_theta must be > 0, got {c.rope_theta!r}")
+  eps = c.get("norm_eps", 1e-6)
+  if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not 0 < eps < 1:
+    raise ValueError(f"{prefix}.norm_eps must be in (0, 1), got {eps!r}")
+  for name in ("qkv_bias", "qk_norm"):
+    if not isinstance(c.get(name, False), bool):
+      raise ValueError(f"{prefix}.{name} must be True or False, got {c.get(name)!r}")
+  try:
+    rope_inv_freq(head_dim_of(c), c.rope_theta, c.get("rope_scaling", ""))
+  except ValueError as e:
+    raise ValueError(f"{prefix}.rope_scaling={c.get('rope_scaling')!r}: {e}") from None
+
+
+def head_dim_of(c) -> int:
+  """Per-head width: ``c.head_dim``, or ``d_model // num_heads`` when it is 0 (unset)."""
+  return c.get("head_dim", 0) or c.d_model // c.num_heads
+
+
+# rope_type -> the keys its scaling takes (Hugging Face's names)
+ROPE_SCALING_KEYS = {
+    "linear": ("factor",),
+    "llama3": ("factor", "low_freq_factor", "high_freq_factor",
+               "original_max_position_embeddings"),
+}
+
+
+def parse_rope_scaling(text: str) -> dict:
+  """``"rope_type=linear,factor=4"`` -> ``{"rope_type": "linear", "factor": 4.0}``;
+  ``""`` -> ``{}``. ValueError naming a malformed entry, an unknown type or key."""
+  if not isinstance(text, str):
+    raise ValueError(f"expected a 'key=value,...' string, got {text!r}")
+  out = {}
+  for item in filter(None, (t.strip() for t in text.split(","))):
+    key, sep, val = (t.strip() for t in item.partition("="))
+    if not sep or not key or not val:
+      raise ValueError(f"entry {item!r} is not 'key=value'")
+    out[key] = val
+  if not out:
+    return {}
+  kind = out.pop("rope_type", None)
+  if kind not in ROPE_SCALING_KEYS:
+    raise ValueError(f"rope_type={kind!r} is not one of {sorted(ROPE_SCALING_KEYS)}")
+  want = ROPE_SCALING_KEYS[kind]
+  if set(out) != set(want):
+    raise ValueError(f"rope_type={kind} takes exactly the keys {list(want)}, got {sorted(out)}")
+  params = {"rope_type": kind}
+  for key in want:
+    try:
+      params[key] = float(out[key])
+    except ValueError:
+      raise ValueError(f"{key}={out[key]!r} is not a number") from None
+    if not params[key] > 0 or not math.isfinite(params[key]):
+      raise ValueError(f"{key}={out[key]!r} must be a finite number > 0")
+  if kind == "llama3" and not params["high_freq_factor"] > params["low_freq_factor"]:
+    raise ValueError(f"high_freq_factor={params['high_freq_factor']} must exceed "
+                     f"low_freq_factor={params['low_freq_factor']}")
+  return params
+
+
+def format_rope_scaling(params: dict | None) -> str:
+  """Inverse of ``parse_rope_scaling`` (``None`` or ``{}`` -> ``""``)."""
+  if not params:
+    return ""
+  kind = params.get("rope_type")
+  keys = ROPE_SCALING_KEYS.get(kind, ())
+  return ",".join([f"rope_type={kind}"] + [f"{k}={float(params[k])!r}" for k in keys if k in params])
+
+
+def rope_inv_freq(head_dim: int, theta: float, scaling: str = ""):
+  """RoPE inverse frequencies ``theta^(-2i/head_dim)``, i < head_dim/2, after the
+  scaling ``scaling`` names, as Hugging Face computes them: "linear" divides
+  every frequency by ``factor`` (positions / factor); "llama3" divides the low
+  frequencies (wavelength > original_max_position_embeddings / low_freq_factor)
+  by ``factor``, keeps the high ones (wavelength < .../high_freq_factor) and
+  interpolates between. Returns None for no scaling (``rope`` then uses its
+  float32 default), else a float32 numpy array computed in float64."""
+  params = parse_rope_scaling(scaling)
+  if not params:
+    return None
+  inv = float(theta) ** (-np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
+  factor = params["factor"]
+  if params["rope_type"] == "linear":
+    inv = inv / factor
+  else:  # llama3
+    lo, hi = params["low_freq_factor"], params["high_freq_factor"]
+    old = params["original_max_position_embeddings"]
+    wavelen = 2 * math.pi / inv
+    scaled = np.where(wavelen > old / lo, inv / factor, inv)
+    smooth = (old / wavelen - lo) / (hi - lo)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = (wavelen >= old / hi) & (wavelen <= old / lo)
+    inv = np.where(medium, smoothed, scaled)
+  return inv.astype(np.float32)
 
 
 def _param(rngs: nnx.Rngs, shape, axes, std) -> nnx.Param:
@@ -83,8 +199,8 @@ def _param(rngs: nnx.Rngs, shape, axes, std) -> nnx.Param:
 
 class RMSNorm(nnx.Module):
 
-  def __init__(self, dim: int, eps: float = 1e-6):
-    self.scale = nnx.Param(jnp.ones((dim,), jnp.float32), out_sharding=("embed",))
+  def __init__(self, dim: int, eps: float = 1e-6, axis: str = "embed"):
+    self.scale = nnx.Param(jnp.ones((dim,), jnp.float32), out_sharding=(axis,))
     self.eps = eps
 
   def __call__(self, x: Array) -> Array:
@@ -93,10 +209,16 @@ class RMSNorm(nnx.Module):
     return (y * self.scale[...]).astype(x.dtype)
 
 
-def rope(x_BxTxHxD: Array, positions_BxT: Array, theta: float) -> Array:
-  """Rotary embedding (rotate-half form) at explicit integer positions."""
+def rope(x_BxTxHxD: Array, positions_BxT: Array, theta: float, inv_freq=None) -> Array:
+  """Rotary embedding (rotate-half form) at explicit integer positions.
+
+  ``inv_freq`` (D/2 frequencies, see ``rope_inv_freq``) overrides the default
+  ``theta^(-2i/D)``, e.g. for a scaled RoPE."""
   d = x_BxTxHxD.shape[-1]
-  freq = theta ** (-jnp.arange(0, d, 2, dtype=jnp.float32) / d)
+  if inv_freq is None:
+    freq = theta ** (-jnp.arange(0, d, 2, dtype=jnp.float32) / d)
+  else:
+    freq = jnp.asarray(inv_freq, jnp.float32)
   ang = positions_BxT.astype(jnp.float32)[..., None] * freq  # B,T,D/2
   sin, cos = jnp.sin(ang)[:, :, None, :], jnp.cos(ang)[:, :, None, :]
   x1, x2 = jnp.split(x_BxTxHxD.astype(jnp.float32), 2, axis=-1)
@@ -113,15 +235,27 @@ class Attention(nnx.Module):
 
   def __init__(self, c, rngs: nnx.Rngs):
     d, h, kv = c.d_model, c.num_heads, c.num_kv_heads
-    dh = d // h
+    dh = head_dim_of(c)
     self.num_heads, self.num_kv_heads, self.head_dim = h, kv, dh
     self.theta = c.rope_theta
+    self.rope_scaling = c.get("rope_scaling", "")
     std = 1.0 / math.sqrt(d)
     self.wq = _param(rngs, (d, h, dh), ("embed", "heads", "head_dim"), std)
     self.wk = _param(rngs, (d, kv, dh), ("embed", "kv_heads", "head_dim"), std)
     self.wv = _param(rngs, (d, kv, dh), ("embed", "kv_heads", "head_dim"), std)
     self.wo = _param(rngs, (h, dh, d), ("heads", "head_dim", "embed"),
                      1.0 / math.sqrt(d * 2 * c.num_layers))
+    # q/k/v biases (Qwen2), zero-initialised; None (static) when off
+    bias = c.get("qkv_bias", False)
+    zeros = lambda n, axis: nnx.Param(jnp.zeros((n, dh), jnp.float32),
+                                      out_sharding=(axis, "head_dim"))
+    self.bq = zeros(h, "heads") if bias else None
+    self.bk = zeros(kv, "kv_heads") if bias else None
+    self.bv = zeros(kv, "kv_heads") if bias else None
+    # per-head q/k RMSNorm over head_dim (Qwen3)
+    qk_norm, eps = c.get("qk_norm", False), c.get("norm_eps", 1e-6)
+    self.q_norm = RMSNorm(dh, eps, axis="head_dim") if qk_norm else None
+    self.k_norm = RMSNorm(dh, eps, axis="head_dim") if qk_norm else None
 
   def __call__(self, x_BxTxD, positions_BxT, kv_mask_BxS, cache, cache_index):
     dt = x_BxTxD.dtype
@@ -129,8 +263,14 @@ class Attention(nnx.Module):
     q = jnp.einsum("btd,dhk->bthk", x_BxTxD, self.wq[...].astype(dt))
     k = jnp.einsum("btd,dhk->bthk", x_BxTxD, self.wk[...].astype(dt))
     v = jnp.einsum("btd,dhk->bthk", x_BxTxD, self.wv[...].astype(dt))
-    q = rope(q, positions_BxT, self.theta)
-    k = rope(k, positions_BxT, self.theta)
+    if self.bq is not None:
+      q, k, v = (q + self.bq[...].astype(dt), k + self.bk[...].astype(dt),
+                 v + self.bv[...].astype(dt))
+    if self.q_norm is not None:
+      q, k = self.q_norm(q), self.k_norm(k)
+    inv_freq = rope_inv_freq(self.head_dim, self.theta, self.rope_scaling)
+    q = rope(q, positions_BxT, self.theta, inv_freq)
+    k = rope(k, positions_BxT, self.theta, inv_freq)
     if cache is None:
       keys, vals, start = k, v, 0
     else:
@@ -172,9 +312,10 @@ class SwiGLU(nnx.Module):
 class Block(nnx.Module):
 
   def __init__(self, c, rngs: nnx.Rngs):
-    self.attn_norm = RMSNorm(c.d_model)
+    eps = c.get("norm_eps", 1e-6)
+    self.attn_norm = RMSNorm(c.d_model, eps)
     self.attn = Attention(c, rngs)
-    self.mlp_norm = RMSNorm(c.d_model)
+    self.mlp_norm = RMSNorm(c.d_model, eps)
     self.mlp = SwiGLU(c, rngs)
 
   def __call__(self, x, positions, kv_mask, cache, cache_index):
@@ -199,7 +340,7 @@ class Transformer(nnx.Module):
     self.dtype = DTYPES[c.dtype]
     self.embed = _param(rngs, (c.vocab_size, c.d_model), ("vocab", "embed"), 1.0)
     self.blocks = nnx.List([Block(c, rngs) for _ in range(c.num_layers)])
-    self.final_norm = RMSNorm(c.d_model)
+    self.final_norm = RMSNorm(c.d_model, c.get("norm_eps", 1e-6))
     self.lm_head = None if c.tie_embeddings else _param(
         rngs, (c.d_model, c.vocab_size), ("embed", "vocab"), 1.0 / math.sqrt(c.d_model))
     self.value = _param(rngs, (c.d_model, 1), ("embed", None), 1e-3) if c.value_head else None
@@ -223,7 +364,7 @@ class Transformer(nnx.Module):
 
 def init_cache(c, batch: int, slots: int) -> tuple:
   """Zeroed KV cache: one LayerCache of shape [batch, slots, kv_heads, head_dim]."""
-  dh = c.d_model // c.num_heads
+  dh = head_dim_of(c)
   shape = (batch, slots, c.num_kv_heads, dh)
   dt = DTYPES[c.dtype]
   return tuple(LayerCache(jnp.zeros(shape, dt), jnp.zeros(shape, dt))

@@ -4,6 +4,7 @@ time to target on this machine.
 
     python experiments/batch_size_law.py                       # P in 4..64 at K=16
     python experiments/batch_size_law.py --prompts=4,8,16,32,64 --target=0.55
+    python experiments/batch_size_law.py --quick               # tiny smoke version
 
 Each run is the default config (same SFT base) at P prompts x K rollouts per
 round, lr = lr0 * sqrt(N / 256) for Adam, stopping once held-out pass@1
@@ -12,61 +13,97 @@ through ``cbs_jax.sweep`` in ``runs/bsz``: an interrupted study resumes and
 redoes no finished run. Fits S(N) = S_min (1 + B_crit / N) and compares
 B_crit with the noise scale measured by experiments/noise_over_training.py.
 Writes experiments/results/batch_size_law.{json,md,png}.
+
+``--quick`` uses ``configs/default.py:smoke`` (30 SFT steps, 32 eval
+prompts) at P = 2, 4 and K = 4 for a few rounds, with the SFT base, the
+sweep and the outputs all under ``--out`` (default: a fresh temp folder).
 """
 from __future__ import annotations
 
+import argparse
 import json
 import os
-import sys
+import tempfile
 
-from absl import app
-from absl import flags
+import matplotlib
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+import numpy as np
 from absl import logging
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from cbs_jax import batch as batch_lib
+from cbs_jax import metrics as metrics_lib
+from cbs_jax import sweep
+from configs import default
 
-import matplotlib  # noqa: E402
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-
-from cbs_jax import batch as batch_lib  # noqa: E402
-from cbs_jax import metrics as metrics_lib  # noqa: E402
-from cbs_jax import sweep  # noqa: E402
-from configs import default  # noqa: E402
-
-_PROMPTS = flags.DEFINE_list("prompts", ["4", "8", "16", "32", "64"], "P values.")
-_K = flags.DEFINE_integer("rollouts", 16, "K rollouts per prompt.")
-_TARGET = flags.DEFINE_float("target", 0.55, "Held-out pass@1 target.")
-_BUDGET = flags.DEFINE_integer("budget", 400_000, "Max rollouts per run.")
-_EVAL = flags.DEFINE_integer("eval_rollouts", 8192, "Rollouts between evaluations.")
-_ROOT = flags.DEFINE_string("root", "runs/bsz", "Sweep directory.")
-_OUT = flags.DEFINE_string("out", "experiments/results", "Output folder.")
+# --quick: defaults of a tiny study (explicit flags still win)
+QUICK = dict(prompts="2,4", rollouts=4, budget=48, eval_rollouts=16, root=None, out=None)
 
 
-def main(argv):
-  del argv
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter,
+                     argparse.RawDescriptionHelpFormatter):
+  pass
+
+
+def _int_list(s: str) -> list[int]:
+  try:
+    return [int(v) for v in s.split(",") if v.strip()]
+  except ValueError:
+    raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {s!r}") from None
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+  ap = argparse.ArgumentParser(description=__doc__, formatter_class=_HelpFormatter)
+  ap.add_argument("--prompts", type=_int_list, default="4,8,16,32,64",
+                  help="P values (comma-separated).")
+  ap.add_argument("--rollouts", type=int, default=16, help="K rollouts per prompt.")
+  ap.add_argument("--target", type=float, default=0.55, help="Held-out pass@1 target.")
+  ap.add_argument("--budget", type=int, default=400_000, help="Max rollouts per run.")
+  ap.add_argument("--eval_rollouts", type=int, default=8192,
+                  help="Rollouts between evaluations.")
+  ap.add_argument("--root", default="runs/bsz",
+                  help="Sweep directory (--quick: <out>/runs/bsz).")
+  ap.add_argument("--out", default="experiments/results",
+                  help="Output folder (--quick: a fresh temp folder).")
+  ap.add_argument("--quick", action="store_true",
+                  help="Tiny smoke version (well under a minute): smoke config, P=2,4, "
+                       "K=4, a few rounds, everything under --out.")
+  args = ap.parse_args(argv)
+  if args.quick:
+    ap.set_defaults(**QUICK)
+    args = ap.parse_args(argv)
+    args.out = args.out or tempfile.mkdtemp(prefix="batch_size_law_quick_")
+    args.root = args.root or os.path.join(args.out, "runs", "bsz")
+  return args
+
+
+def main(argv=None):
+  args = parse_args(argv)
   logging.set_verbosity(logging.WARNING)
-  K = _K.value
-  base = default.get_config()
-  base.sft.base_dir = os.path.abspath("runs/default/sft_base")  # shared SFT base
-  base.train.stop_at_pass_rate = _TARGET.value
+  K = args.rollouts
+  if args.quick:
+    base = default.get_config("smoke")
+    base.sft.base_dir = os.path.abspath(os.path.join(args.out, "runs", "default", "sft_base"))
+  else:
+    base = default.get_config()
+    base.sft.base_dir = os.path.abspath("runs/default/sft_base")  # shared SFT base
+  base.train.stop_at_pass_rate = args.target
   base.train.checkpoint_every = 50
   base.train.progress = False
   overrides = []
-  for p in map(int, _PROMPTS.value):
+  for p in args.prompts:
     n = p * K
     overrides.append({"batch.num_prompts": p, "batch.rollouts_per_prompt": K,
-                      "train.num_rounds": max(1, _BUDGET.value // n),
-                      "train.eval_every": max(1, _EVAL.value // n)})
-  results = sweep.run_sweep(base, overrides, _ROOT.value)
+                      "train.num_rounds": max(1, args.budget // n),
+                      "train.eval_every": max(1, args.eval_rollouts // n)})
+  results = sweep.run_sweep(base, overrides, args.root)
   rows = []
   for ov, res in zip(overrides, results):
     name = sweep.run_name(ov)
-    m = metrics_lib.read_jsonl(os.path.join(_ROOT.value, name, "metrics.jsonl"))
+    m = metrics_lib.read_jsonl(os.path.join(args.root, name, "metrics.jsonl"))
     n = ov["batch.num_prompts"] * K
     ev = [(r["round"], r["rollouts_seen"], r["eval_pass_rate"]) for r in m if "eval_pass_rate" in r]
-    s = batch_lib.steps_to_target([e[0] for e in ev], [e[2] for e in ev], _TARGET.value)
+    s = batch_lib.steps_to_target([e[0] for e in ev], [e[2] for e in ev], args.target)
     train_rows = [r for r in m if r["round"] > 0]
     sec_per_round = float(np.mean([r["gen_seconds"] + r["update_seconds"] for r in train_rows]))
     gen_tps = float(np.mean([r["tokens_per_s"] for r in train_rows]))
@@ -79,17 +116,17 @@ def main(argv):
   ok = [r for r in rows if r["steps_to_target"] is not None]
   fit = batch_lib.fit_critical_batch([r["N"] for r in ok], [r["steps_to_target"] for r in ok]) \
       if len(ok) >= 2 else None
-  noise_path = os.path.join(_OUT.value, "noise_over_training.json")
+  noise_path = os.path.join(args.out, "noise_over_training.json")
   b_noise = None
   if os.path.exists(noise_path):
     nz = json.load(open(noise_path))
     b_noise = {k: (nz[k]["exact"]["b_noise"], nz[k]["exact"]["b_noise_se"]) for k in ("early", "late")}
-  out = dict(target=_TARGET.value, K=K, runs=rows, fit=fit, b_noise_measured=b_noise)
-  os.makedirs(_OUT.value, exist_ok=True)
-  with open(os.path.join(_OUT.value, "batch_size_law.json"), "w") as f:
+  out = dict(target=args.target, K=K, runs=rows, fit=fit, b_noise_measured=b_noise)
+  os.makedirs(args.out, exist_ok=True)
+  with open(os.path.join(args.out, "batch_size_law.json"), "w") as f:
     json.dump(out, f, indent=1, default=float)
 
-  L = [f"Target held-out pass@1 {_TARGET.value} (base ~0.40); K = {K}; lr = 3e-4 * sqrt(N/256).", "",
+  L = [f"Target held-out pass@1 {args.target} (base ~0.40); K = {K}; lr = 3e-4 * sqrt(N/256).", "",
        "| N (rollouts/round) | P | lr | rounds to target | rollouts to target | s/round | rollouts/s | time to target (s) |",
        "|---|---|---|---|---|---|---|---|"]
   f = lambda v, fmt: "not reached" if v is None else format(v, fmt)
@@ -109,7 +146,7 @@ def main(argv):
            "machine they include other jobs' load, so time to target is indicative only. "
            "Steps to target come from one seed and an eval of 512 prompts (SE ~0.02).")
   text = "\n".join(L) + "\n"
-  with open(os.path.join(_OUT.value, "batch_size_law.md"), "w") as fh:
+  with open(os.path.join(args.out, "batch_size_law.md"), "w") as fh:
     fh.write(text)
   print(text)
 
@@ -117,7 +154,7 @@ def main(argv):
   for r in rows:
     c = np.array(r["curve"])
     ax[0].plot(c[:, 0], c[:, 1], marker=".", label=f"N={r['N']}")
-  ax[0].axhline(_TARGET.value, color="k", lw=0.5)
+  ax[0].axhline(args.target, color="k", lw=0.5)
   ax[0].set(xlabel="rollouts generated", ylabel="eval pass@1", title="samples-indexed curves (sqrt lr)")
   ax[0].legend(fontsize=7)
   if ok:
@@ -133,9 +170,9 @@ def main(argv):
     ax[2].semilogx(n, [r["time_to_target_s"] for r in ok], "o-")
     ax[2].set(xlabel="N (rollouts per round)", ylabel="seconds to target", title="time to target on this machine")
   fig.tight_layout()
-  fig.savefig(os.path.join(_OUT.value, "batch_size_law.png"), dpi=110)
-  print("wrote", _OUT.value)
+  fig.savefig(os.path.join(args.out, "batch_size_law.png"), dpi=110)
+  print("wrote", args.out)
 
 
 if __name__ == "__main__":
-  app.run(main)
+  main()

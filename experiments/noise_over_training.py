@@ -3,6 +3,7 @@ and the split-estimator tracker over training.
 
     python -m cbs_jax.main --config=configs/default.py --workdir=runs/default
     python experiments/noise_over_training.py --workdir=runs/default
+    python experiments/noise_over_training.py --quick      # tiny smoke version
 
 Measures the SFT base (round 0, "early") and the latest RL checkpoint
 ("late") with ``cbs_jax.measure`` (M pooled P x K batches, jackknife SEs),
@@ -10,61 +11,91 @@ then writes under experiments/results/:
   noise_over_training.json   every number below
   noise_over_training.md     the table
   noise_over_training.png    tracker curve + precise points
+
+``--quick`` first trains ``configs/default.py:smoke`` (30 SFT steps, 4 RL
+rounds) in ``<out>/runs/default`` (unless that workdir already holds a
+finished run), then measures it with P = 4, K = 4, M = 2; ``--out``
+defaults to a fresh temp folder.
 """
 from __future__ import annotations
 
+import argparse
 import json
 import os
-import sys
+import tempfile
 
-from absl import app
-from absl import flags
+import matplotlib
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+import numpy as np
 from absl import logging
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-import matplotlib  # noqa: E402
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-
-from cbs_jax import measure  # noqa: E402
-from cbs_jax import metrics as metrics_lib  # noqa: E402
-from cbs_jax import train  # noqa: E402
-from configs import default  # noqa: E402
-
-_WORKDIR = flags.DEFINE_string("workdir", "runs/default", "Finished default run.")
-_P = flags.DEFINE_integer("prompts", 64, "P per measurement batch.")
-_K = flags.DEFINE_integer("rollouts", 16, "K per measurement batch.")
-_M = flags.DEFINE_integer("batches", 24, "Batches pooled per measurement.")
-_OUT = flags.DEFINE_string("out", "experiments/results", "Output folder.")
+from cbs_jax import measure
+from cbs_jax import metrics as metrics_lib
+from cbs_jax import train
+from configs import default
 
 KEYS = ("g2", "trace_intra", "trace_inter", "b_intra", "b_inter", "b_noise", "ratio")
 
+# --quick: defaults of a tiny measurement (explicit flags still win)
+QUICK = dict(workdir=None, prompts=4, rollouts=4, batches=2, out=None)
 
-def main(argv):
-  del argv
+
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter,
+                     argparse.RawDescriptionHelpFormatter):
+  pass
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+  ap = argparse.ArgumentParser(description=__doc__, formatter_class=_HelpFormatter)
+  ap.add_argument("--workdir", default="runs/default",
+                  help="Finished default run (--quick: <out>/runs/default, trained if unfinished).")
+  ap.add_argument("--prompts", type=int, default=64, help="P per measurement batch.")
+  ap.add_argument("--rollouts", type=int, default=16, help="K per measurement batch.")
+  ap.add_argument("--batches", type=int, default=24, help="Batches pooled per measurement.")
+  ap.add_argument("--out", default="experiments/results",
+                  help="Output folder (--quick: a fresh temp folder).")
+  ap.add_argument("--quick", action="store_true",
+                  help="Tiny smoke version (well under a minute): train the smoke config, "
+                       "measure with P=4, K=4, M=2, everything under --out.")
+  args = ap.parse_args(argv)
+  if args.quick:
+    ap.set_defaults(**QUICK)
+    args = ap.parse_args(argv)
+    args.out = args.out or tempfile.mkdtemp(prefix="noise_over_training_quick_")
+    args.workdir = args.workdir or os.path.join(args.out, "runs", "default")
+  return args
+
+
+def main(argv=None):
+  args = parse_args(argv)
   logging.set_verbosity(logging.WARNING)
-  config = default.get_config()
+  if args.quick:
+    config = default.get_config("smoke")
+    if not os.path.exists(os.path.join(args.workdir, "summary.json")):
+      train.train_and_evaluate(config, args.workdir)  # resumes an interrupted one
+  else:
+    config = default.get_config()
   setup = train.prepare(config)
   results = {}
   for label, rnd in (("early", 0), ("late", None)):
-    graphdef, params, r = measure.load_policy(config, _WORKDIR.value, setup, rnd)
-    res = measure.measure(config, graphdef, params, setup, _P.value, _K.value, _M.value)
+    graphdef, params, r = measure.load_policy(config, args.workdir, setup, rnd)
+    res = measure.measure(config, graphdef, params, setup, args.prompts, args.rollouts,
+                          args.batches)
     print(f"--- {label} (round {r})")
     print(measure.format_table(res))
     results[label] = dict(round=r, **measure.to_json(res))
-  rows = metrics_lib.read_jsonl(os.path.join(_WORKDIR.value, "metrics.jsonl"))
+  rows = metrics_lib.read_jsonl(os.path.join(args.workdir, "metrics.jsonl"))
   track = [r for r in rows if r.get("noise_ema/b_intra") is not None]
   results["tracker"] = {k: [r.get(f"noise_ema/{k}") for r in track]
                         for k in ("b_intra", "b_inter", "b_noise")}
   results["tracker"]["round"] = [r["round"] for r in track]
   evals = [(r["round"], r["eval_pass_rate"]) for r in rows if "eval_pass_rate" in r]
-  os.makedirs(_OUT.value, exist_ok=True)
-  with open(os.path.join(_OUT.value, "noise_over_training.json"), "w") as f:
+  os.makedirs(args.out, exist_ok=True)
+  with open(os.path.join(args.out, "noise_over_training.json"), "w") as f:
     json.dump(results, f, indent=1, default=float)
 
-  K = _K.value
+  K = args.rollouts
   lines = ["| stage | round | reward | G2 | tr Sigma_intra | tr Sigma_inter | intra:inter | "
            "B_intra (rollouts) | B_inter (prompts) | B_noise at K=%d |" % K,
            "|---|---|---|---|---|---|---|---|---|---|"]
@@ -76,7 +107,7 @@ def main(argv):
                  f"{f('b_intra')} | {f('b_inter')} | {f('b_noise')} |")
     if e["flag"]:
       lines.append(f"| | | flag: {e['flag']} | | | | | | | |")
-  with open(os.path.join(_OUT.value, "noise_over_training.md"), "w") as f:
+  with open(os.path.join(args.out, "noise_over_training.md"), "w") as f:
     f.write("\n".join(lines) + "\n")
   print("\n".join(lines))
 
@@ -100,9 +131,9 @@ def main(argv):
   ax[1].set_ylabel("eval pass@1")
   ax[1].set_title("held-out pass rate")
   fig.tight_layout()
-  fig.savefig(os.path.join(_OUT.value, "noise_over_training.png"), dpi=110)
-  print("wrote", _OUT.value)
+  fig.savefig(os.path.join(args.out, "noise_over_training.png"), dpi=110)
+  print("wrote", args.out)
 
 
 if __name__ == "__main__":
-  app.run(main)
+  main()

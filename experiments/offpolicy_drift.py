@@ -2,55 +2,105 @@
 
     python experiments/offpolicy_drift.py                  # all variants
     python experiments/offpolicy_drift.py --variants=clip0.2,clip10
+    python experiments/offpolicy_drift.py --quick          # tiny smoke version
 
 Runs ``configs/offpolicy.py`` for each variant (one generation round of
 N = 1024 rollouts reused for 8 updates; per-update drift and exact
-trace_intra on the old rollouts), in ``runs/off_<variant>`` (finished runs
-are read back, not redone), then writes under experiments/results/:
+trace_intra on the old rollouts) through ``cbs_jax.sweep.run_sweep``, one
+run per variant in ``runs/off_<variant>`` (a finished run is read back, not
+redone; an unfinished one resumes; a stored config.json that differs, e.g.
+another --rounds, is an error), then writes under experiments/results/:
   offpolicy_drift.json   every number below
   offpolicy_drift.md     kappa by update index, trace_intra(kappa) fit, clip
                          fractions and pass rates per variant
   offpolicy_drift.png    kappa by update, trace_intra vs kappa with the fit,
                          pass rate over rounds
+
+``--quick`` runs the clip0.2 variant shrunk to 30 SFT steps, P = 8, K = 4
+(N = 32: 4 minibatches x 2 epochs = 8 updates of 8 rollouts), 32 eval
+prompts and 3 rounds, with the runs (and their SFT base) under
+``<out>/runs``; ``--out`` defaults to a fresh temp folder.
 """
 from __future__ import annotations
 
+import argparse
 import json
 import os
-import sys
+import tempfile
 
-from absl import app
-from absl import flags
+import matplotlib
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+import numpy as np
 from absl import logging
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from cbs_jax import drift
+from cbs_jax import metrics as metrics_lib
+from cbs_jax import sweep
+from configs import offpolicy
 
-import matplotlib  # noqa: E402
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-
-from cbs_jax import drift  # noqa: E402
-from cbs_jax import metrics as metrics_lib  # noqa: E402
-from cbs_jax import train  # noqa: E402
-from configs import offpolicy  # noqa: E402
-
-_VARIANTS = flags.DEFINE_list("variants", list(offpolicy.VARIANTS), "Variants to run.")
-_ROOT = flags.DEFINE_string("root", "runs", "Parent of the run directories.")
-_OUT = flags.DEFINE_string("out", "experiments/results", "Output folder.")
-_ROUNDS = flags.DEFINE_integer("rounds", 100, "Generation rounds per variant.")
+# --quick: defaults of a tiny study (explicit flags still win)
+QUICK = dict(variants="clip0.2", rounds=3, root=None, out=None)
 
 
-def run_variant(name: str) -> tuple[dict, list[dict]]:
-  workdir = os.path.join(_ROOT.value, f"off_{name}")
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter,
+                     argparse.RawDescriptionHelpFormatter):
+  pass
+
+
+def _variant_list(s: str) -> list[str]:
+  names = [v.strip() for v in s.split(",") if v.strip()]
+  unknown = [v for v in names if v not in offpolicy.VARIANTS]
+  if unknown or not names:
+    raise argparse.ArgumentTypeError(
+        f"unknown variants {unknown or s!r}; known: {','.join(offpolicy.VARIANTS)}")
+  return names
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+  ap = argparse.ArgumentParser(description=__doc__, formatter_class=_HelpFormatter)
+  ap.add_argument("--variants", type=_variant_list, default=",".join(offpolicy.VARIANTS),
+                  help="Variants to run (comma-separated).")
+  ap.add_argument("--root", default="runs",
+                  help="Parent of the run directories (--quick: <out>/runs).")
+  ap.add_argument("--out", default="experiments/results",
+                  help="Output folder (--quick: a fresh temp folder).")
+  ap.add_argument("--rounds", type=int, default=100, help="Generation rounds per variant.")
+  ap.add_argument("--quick", action="store_true",
+                  help="Tiny smoke version (well under a minute): clip0.2 only, shrunk "
+                       "batch and SFT, 3 rounds, everything under --out.")
+  args = ap.parse_args(argv)
+  if args.quick:
+    ap.set_defaults(**QUICK)
+    args = ap.parse_args(argv)
+    args.out = args.out or tempfile.mkdtemp(prefix="offpolicy_drift_quick_")
+    args.root = args.root or os.path.join(args.out, "runs")
+  return args
+
+
+def variant_config(name: str, quick: bool = False):
+  """``configs/offpolicy.py:<name>``, shrunk to a smoke run when ``quick``."""
   c = offpolicy.get_config(name)
-  c.train.num_rounds = _ROUNDS.value
   c.train.progress = False
-  summary_path = os.path.join(workdir, "summary.json")
-  done = os.path.exists(summary_path) and json.load(open(summary_path))["rounds"] >= _ROUNDS.value
-  summary = json.load(open(summary_path)) if done else train.train_and_evaluate(c, workdir)
-  rows = metrics_lib.read_jsonl(os.path.join(workdir, "metrics.jsonl"))
-  return summary, [r for r in rows if r["round"] > 0]
+  if quick:  # 8 updates per round as in the study, on a tiny batch
+    c.sft.steps = 30
+    c.sft.batch_size = 32
+    c.sft.eval_every = 0
+    c.batch.num_prompts = 8
+    c.batch.rollouts_per_prompt = 4
+    c.noise.chunk_prompts = 2   # divides the 2 prompts of an update
+    c.train.eval_every = 1
+    c.train.eval_prompts = 32
+  return c
+
+
+def run_variant(name: str, args) -> tuple[dict, list[dict]]:
+  """Run (or read back, or resume) variant ``name`` as a one-run sweep in ``root``."""
+  (row,) = sweep.run_sweep(variant_config(name, args.quick),
+                           [{"train.num_rounds": args.rounds}], args.root,
+                           names=[f"off_{name}"], progress=False)
+  rows = metrics_lib.read_jsonl(os.path.join(row["workdir"], "metrics.jsonl"))
+  return row["summary"], [r for r in rows if r["round"] > 0]
 
 
 def analyse(rows: list[dict]) -> dict:
@@ -83,22 +133,25 @@ def analyse(rows: list[dict]) -> dict:
   return out
 
 
-def main(argv):
-  del argv
+def main(argv=None):
+  args = parse_args(argv)
   logging.set_verbosity(logging.WARNING)
   res = {}
-  for name in _VARIANTS.value:
+  for name in args.variants:
     print(f"=== variant {name}", flush=True)
-    summary, rows = run_variant(name)
+    summary, rows = run_variant(name, args)
     res[name] = dict(analyse(rows), base_pass_rate=summary["base_pass_rate"],
                      final_pass_rate=summary["final_pass_rate"],
                      noise=summary.get("noise"))
-  os.makedirs(_OUT.value, exist_ok=True)
-  with open(os.path.join(_OUT.value, "offpolicy_drift.json"), "w") as f:
+  os.makedirs(args.out, exist_ok=True)
+  with open(os.path.join(args.out, "offpolicy_drift.json"), "w") as f:
     json.dump(res, f, indent=1, default=float)
 
   n_upd = len(next(iter(res.values()))["kappa_k3_by_update"])
-  L = [f"Rounds per variant: {_ROUNDS.value}; N = 1024 rollouts per round, 8 updates of 256.",
+  b = variant_config(args.variants[0], args.quick).batch  # the same batch for every variant
+  N, n_mb = b.num_prompts * b.rollouts_per_prompt, b.num_minibatches
+  L = [f"Rounds per variant: {args.rounds}; N = {N} rollouts per round, "
+       f"{n_mb * b.num_epochs} updates of {N // n_mb}.",
        "", "kappa (k3, per token) by update index, mean over rounds:", "",
        "| variant | " + " | ".join(f"u{j}" for j in range(n_upd)) + " |",
        "|---|" + "---|" * n_upd]
@@ -123,7 +176,7 @@ def main(argv):
     L.append(f"| {name} | {r['kappa_k3_mean']:.4f} | {r['clip_frac_mean']:.4f} | "
              f"{r['base_pass_rate']:.3f} | {r['final_pass_rate']:.3f} |")
   text = "\n".join(L) + "\n"
-  with open(os.path.join(_OUT.value, "offpolicy_drift.md"), "w") as f:
+  with open(os.path.join(args.out, "offpolicy_drift.md"), "w") as f:
     f.write(text)
   print(text)
 
@@ -146,9 +199,9 @@ def main(argv):
   for a in ax:
     a.legend(fontsize=7)
   fig.tight_layout()
-  fig.savefig(os.path.join(_OUT.value, "offpolicy_drift.png"), dpi=110)
-  print("wrote", _OUT.value)
+  fig.savefig(os.path.join(args.out, "offpolicy_drift.png"), dpi=110)
+  print("wrote", args.out)
 
 
 if __name__ == "__main__":
-  app.run(main)
+  main()

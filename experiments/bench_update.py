@@ -1,0 +1,144 @@
+"""Time of one round of optimizer updates: the old host loop vs the scanned round.
+
+    python experiments/bench_update.py            # quickstart and off-policy shapes
+    python experiments/bench_update.py --quick    # tiny shapes, a smoke run
+
+Shapes: the quickstart (``configs/default.py``: P=16 x K=16, one update per
+round with the split-microbatch noise gradient) and the off-policy study
+(``configs/offpolicy.py``: P=64 x K=16, 4 minibatches x 2 epochs = 8 updates
+per round, split noise on the first). The policy is a fresh init
+(``model.build``): timings depend on shapes only. One real rollout batch of
+each shape is drawn with ``train.round_batch``.
+
+* host loop: what the trainer did before -- per update a ``jnp.take`` gather,
+  a ``device_put`` and a dispatch of a jitted one-update function (split
+  gradient on the first), learning rates from the host; metrics read once.
+* scanned: ``train.RoundUpdater``: all updates of the round as one jitted
+  call (gather inside, ``lax.scan`` over updates, learning rates as an array).
+
+Both are warmed up (compile excluded) and timed round-robin, median of
+``--repeats``. MFU: training FLOPs ~ 6 x params x tokens (prompt + completion
+tokens of every rollout of every update; the split path's extra work is not
+counted) over the scanned time, against a float32 matmul measured in the
+same run. Last line:
+
+    RESULT update_speedup=<host/scanned at off-policy shapes> update_mfu_vs_matmul=<float>
+"""
+from __future__ import annotations
+
+import argparse
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from cbs_jax import model as model_lib
+from cbs_jax import train
+from configs import default as default_cfg
+from configs import offpolicy as offpolicy_cfg
+
+
+def matmul_flops(n: int = 2048, repeats: int = 5) -> float:
+  """Measured float32 matmul FLOP/s (median of ``repeats``)."""
+  a = jnp.ones((n, n), jnp.float32)
+  f = jax.jit(lambda x: x @ x)
+  f(a).block_until_ready()
+  ts = []
+  for _ in range(repeats):
+    t = time.perf_counter()
+    f(a).block_until_ready()
+    ts.append(time.perf_counter() - t)
+  return 2 * n ** 3 / float(np.median(ts))
+
+
+def make_case(c):
+  setup = train.prepare(c)
+  graphdef, params = model_lib.build(c.model, seed=c.seed)
+  batch, _, _ = train.round_batch(c, graphdef, params, params, setup, 0)
+  tx = train.make_optimizer(c.optim)
+  P, K = c.batch.num_prompts, c.batch.rollouts_per_prompt
+  M, E = c.batch.num_minibatches, c.batch.num_epochs
+  P_mb = P // M
+  rng = np.random.default_rng(0)
+  idx = []
+  for _ in range(E):
+    perm = rng.permutation(P)
+    for m in range(M):
+      p = perm[m * P_mb:(m + 1) * P_mb]
+      idx.append((p[:, None] * K + np.arange(K)[None]).reshape(-1))
+  idx = np.stack(idx)
+  lrs = [c.optim.lr] * len(idx)
+  updater = train.RoundUpdater(c, graphdef, tx, P_mb)
+  one = {s: jax.jit(lambda st, mb, lr, s=s: updater._update(st, mb, lr, split=s),
+                    donate_argnums=(0,)) for s in (False, True)}
+  state = dict(params=params, opt_state=tx.init(params))
+  copy = lambda t: jax.tree.map(jnp.copy, t)
+
+  def host_loop(st):
+    rows = []
+    for j in range(len(idx)):
+      mb = {k: jnp.take(v, jnp.asarray(idx[j]), axis=0) for k, v in batch.items()}
+      mb = jax.device_put(mb)
+      mb["on_policy"] = jnp.full((idx.shape[1],), j == 0)
+      st, m, _ = one[j == 0](st, mb, lrs[j])
+      rows.append(m)
+    jax.device_get(rows)
+    return st
+
+  def scanned(st):
+    st, m, extras = updater(st, batch, idx, lrs, True, split=True)
+    jax.device_get((m, extras))
+    return st
+
+  tokens = idx.size * (batch["prompt"].shape[1] + batch["completion"].shape[1])
+  flops = 6 * model_lib.param_count(params) * tokens
+  return dict(host=host_loop, scanned=scanned, state=copy(state), flops=flops,
+              updates=len(idx), rollouts=idx.shape[1], params=model_lib.param_count(params))
+
+
+def bench(case, repeats: int) -> dict:
+  st = {k: case["state"] for k in ("host", "scanned")}
+  for k in st:  # warm-up: compile
+    st[k] = case[k](jax.tree.map(jnp.copy, case["state"]))
+  ts = {k: [] for k in st}
+  for _ in range(repeats):
+    for k in st:
+      t = time.perf_counter()
+      st[k] = case[k](st[k])
+      ts[k].append(time.perf_counter() - t)
+  return {k: float(np.median(v)) for k, v in ts.items()}
+
+
+def main():
+  ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  ap.add_argument("--repeats", type=int, default=10, help="timed repeats per path")
+  ap.add_argument("--quick", action="store_true", help="tiny shapes, 2 repeats")
+  args = ap.parse_args()
+  cases = {"quickstart": default_cfg.get_config(), "offpolicy": offpolicy_cfg.get_config()}
+  repeats = args.repeats
+  if args.quick:
+    repeats = 2
+    for c in cases.values():
+      c.batch.num_prompts = 8 if c.batch.num_minibatches == 1 else 16
+      c.batch.rollouts_per_prompt = 4
+      c.noise.chunk_prompts = 2
+  peak = matmul_flops(1024 if args.quick else 2048)
+  print(f"float32 matmul: {peak / 1e9:.1f} GFLOP/s")
+  print(f"{'shape':<12}{'params':>9}{'updates':>8}{'rollouts/upd':>13}"
+        f"{'host ms':>10}{'scanned ms':>12}{'speedup':>9}{'MFU':>7}")
+  res = {}
+  for name, c in cases.items():
+    case = make_case(c)
+    t = bench(case, repeats)
+    mfu = case["flops"] / t["scanned"] / peak
+    res[name] = dict(speedup=t["host"] / t["scanned"], mfu=mfu)
+    print(f"{name:<12}{case['params']:>9}{case['updates']:>8}{case['rollouts']:>13}"
+          f"{t['host'] * 1e3:>10.1f}{t['scanned'] * 1e3:>12.1f}"
+          f"{t['host'] / t['scanned']:>9.2f}{mfu:>7.3f}")
+  print(f"RESULT update_speedup={res['offpolicy']['speedup']:.3f} "
+        f"update_mfu_vs_matmul={res['quickstart']['mfu']:.3f}")
+
+
+if __name__ == "__main__":
+  main()
