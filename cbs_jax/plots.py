@@ -1,0 +1,488 @@
+"""Figures shared by the experiments and the Colab tour.
+
+Every function takes plain numbers (lists, numpy arrays, dicts -- never a
+trainer object) and returns a ``matplotlib.figure.Figure``; ``save(fig,
+path)`` writes it as a PNG and closes it. Figures are built with the
+object-oriented API (``matplotlib.figure.Figure``), so nothing here touches
+pyplot's global state or needs a display: it is safe under the Agg backend,
+in tests, in subprocesses and in notebooks.
+
+Readable in black and white: series differ by marker *and* line style, not
+by colour alone (colours are the Okabe-Ito palette, which also survives
+colour blindness); interval bands are light fills edged by thin dotted
+lines. Every axis is labelled with its unit (rollouts, optimizer steps,
+generation rounds, prompts, fraction).
+
+    from cbs_jax import plots
+    fig = plots.learning_curves([dict(label="N=256", rollouts=r, steps=s, value=v)],
+                                target=0.55)
+    plots.save(fig, "experiments/results/x/x.png")
+"""
+from __future__ import annotations
+
+import math
+import os
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+from matplotlib import ticker, transforms
+from matplotlib.figure import Figure
+
+# Okabe-Ito, black first; markers and dash patterns carry the distinction in grey.
+COLORS = ("#000000", "#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9",
+          "#F0E442")
+MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*", "<", ">")
+LINESTYLES = ("-", "--", "-.", ":", (0, (5, 1, 1, 1, 1, 1)), (0, (1, 1)), (0, (8, 2)))
+DPI = 120
+BAND_ALPHA = 0.18
+
+
+def style(i: int) -> dict:
+  """Colour, marker and line style of the ``i``-th series (distinct in grey)."""
+  return dict(color=COLORS[i % len(COLORS)], marker=MARKERS[i % len(MARKERS)],
+              linestyle=LINESTYLES[i % len(LINESTYLES)])
+
+
+def _arr(x) -> np.ndarray:
+  return np.array([np.nan if v is None else v for v in np.ravel(np.asarray(x, object))],
+                  np.float64) if x is not None else None
+
+
+def _markevery(n: int) -> int:
+  return max(1, n // 12)
+
+
+def _new(ncols: int = 1, nrows: int = 1, size=(5.2, 3.8), sharex=False):
+  fig = Figure(figsize=(size[0] * ncols, size[1] * nrows), layout="constrained")
+  axes = fig.subplots(nrows, ncols, squeeze=False, sharex=sharex)
+  return fig, axes.ravel()
+
+
+def _band(ax, x, lo, hi, color, label=None):
+  x, lo, hi = _arr(x), _arr(lo), _arr(hi)
+  ok = np.isfinite(x) & np.isfinite(lo) & np.isfinite(hi)
+  if not ok.any():
+    return
+  ax.fill_between(x[ok], lo[ok], hi[ok], color=color, alpha=BAND_ALPHA, linewidth=0,
+                  label=label)
+  for edge in (lo, hi):
+    ax.plot(x[ok], edge[ok], color=color, linewidth=0.6, linestyle=":")
+
+
+def _targets(ax, target):
+  if target is None:
+    return
+  for j, t in enumerate(np.atleast_1d(np.asarray(target, np.float64))):
+    ax.axhline(t, color="0.3", linewidth=0.9, linestyle=(0, (4, 2)) if j == 0 else ":",
+               label=f"target {t:g}", zorder=0)
+
+
+def _legend(ax, **kw):
+  handles, labels = ax.get_legend_handles_labels()
+  if handles:
+    ax.legend(fontsize=7, frameon=False, **kw)
+
+
+def _log_ok(*arrays) -> bool:
+  v = np.concatenate([np.ravel(_arr(a)) for a in arrays if a is not None])
+  v = v[np.isfinite(v)]
+  return v.size > 0 and bool(np.all(v > 0))
+
+
+def learning_curves(curves: Sequence[Mapping[str, Any]], target=None, title: str | None = None,
+                    ylabel: str = "held-out pass@1 (fraction)",
+                    step_label: str = "optimizer steps", logx: bool = False) -> Figure:
+  """Value against rollouts (left) and against steps (right).
+
+  ``curves``: dicts ``dict(label=..., rollouts=[...], steps=[...],
+  value=[...], lo=None|[...], hi=None|[...])``; ``lo``/``hi`` draw an
+  interval band (e.g. across seeds). A curve without ``rollouts`` or
+  ``steps`` is left out of that panel. ``target``: a float or a list of
+  floats drawn as horizontal lines. ``step_label`` names the right panel's
+  unit ("optimizer steps", or "generation rounds" off-policy); ``logx``
+  puts both x axes on a log scale (curves of a batch sweep span decades).
+  """
+  fig, (ax_r, ax_s) = _new(2)
+  for i, c in enumerate(curves):
+    st = style(i)
+    v = _arr(c["value"])
+    for ax, key in ((ax_r, "rollouts"), (ax_s, "steps")):
+      if c.get(key) is None:
+        continue
+      x = _arr(c[key])
+      if x.shape != v.shape:
+        raise ValueError(f"curve {c.get('label')!r}: {key} has {x.size} points, value {v.size}")
+      if c.get("lo") is not None and c.get("hi") is not None:
+        _band(ax, x, c["lo"], c["hi"], st["color"])
+      ax.plot(x, v, label=str(c.get("label", f"curve {i}")), markevery=_markevery(v.size),
+              markersize=4, linewidth=1.3, **st)
+  for ax, xl in ((ax_r, "rollouts generated (rollouts)"), (ax_s, f"{step_label} (count)")):
+    _targets(ax, target)
+    ax.set_xlabel(xl)
+    ax.set_ylabel(ylabel)
+    if logx:
+      ax.set_xscale("log")
+    ax.grid(True, which="major", linewidth=0.3, color="0.8")
+  ax_r.set_title("by rollouts", fontsize=9)
+  ax_s.set_title(f"by {step_label}", fontsize=9)
+  _legend(ax_s, loc="best")
+  if title:
+    fig.suptitle(title)
+  return fig
+
+
+def _points(points) -> dict:
+  """(N, S, E, seed) arrays from a list of dicts or a dict of lists; E
+  defaults to N * S (rollouts per step times steps)."""
+  if isinstance(points, Mapping):
+    cols = {k: list(v) for k, v in points.items()}
+  else:
+    points = list(points)
+    cols = {k: [p.get(k) for p in points] for k in ("N", "S", "E", "seed")}
+  N, S = _arr(cols["N"]), _arr(cols["S"])
+  E = _arr(cols["E"]) if cols.get("E") is not None and any(
+      e is not None for e in cols["E"]) else N * S
+  seed = cols.get("seed") or [None] * N.size
+  if not (N.size == S.size == E.size == len(seed)):
+    raise ValueError("points need as many N, S, E and seed values")
+  return dict(N=N, S=S, E=E, seed=list(seed))
+
+
+def _n_label(n: float) -> str:
+  return f"N={int(n)}" if float(n).is_integer() else f"N={n:g}"
+
+
+def hyperbola(fit: Mapping[str, Any], t) -> tuple[np.ndarray, np.ndarray]:
+  """Points (S, E) on (S/S_min - 1)(E/E_min - 1) = 1 at parameter
+  ``t`` = B_crit / N: S = S_min (1 + t), E = E_min (1 + 1/t)."""
+  t = np.asarray(t, np.float64)
+  return fit["S_min"] * (1.0 + t), _e_min(fit) * (1.0 + 1.0 / t)
+
+
+def _e_min(fit) -> float:
+  e_min = fit.get("E_min")
+  if e_min is None or not np.isfinite(e_min):
+    e_min = fit["S_min"] * fit["B_crit"]
+  return float(e_min)
+
+
+def pareto(points, fit: Mapping[str, Any] | None = None, title: str | None = None,
+           step_label: str = "optimizer steps") -> Figure:
+  """Steps-to-target S against rollouts-to-target E, log-log.
+
+  ``points``: a list of dicts ``dict(N=..., S=..., E=None, seed=None)`` or
+  a dict of lists with those keys (E defaults to N * S); one marker per
+  point, one marker shape per N (legend: N). Points with S None/nan (the
+  target was not reached) are left out and listed in the legend.
+  ``fit``: a ``batch.fit_critical_batch`` result (``S_min``, ``B_crit``,
+  ``E_min``; optionally ``B_crit_lo``/``B_crit_hi``). It draws the
+  hyperbola (S/S_min - 1)(E/E_min - 1) = 1 (line gid ``"fit"``), its
+  asymptotes S_min and E_min, the knee N = B_crit (S = 2 S_min, E = 2
+  E_min), and the B_crit interval as the wedge between the constant-N rays
+  E = B_crit_lo S and E = B_crit_hi S.
+  """
+  p = _points(points)
+  fig, (ax,) = _new(1, size=(8.2, 4.6))
+  ok = np.isfinite(p["S"]) & np.isfinite(p["E"]) & (p["S"] > 0) & (p["E"] > 0)
+  for i, n in enumerate(np.unique(p["N"])):
+    st = style(i)
+    m = ok & (p["N"] == n)
+    ax.plot(p["E"][m], p["S"][m], linestyle="none", marker=st["marker"], color=st["color"],
+            markersize=6, markerfacecolor="none" if i % 2 else st["color"], label=_n_label(n))
+    if m.any():
+      ax.annotate(_n_label(n), (np.exp(np.mean(np.log(p["E"][m]))), np.max(p["S"][m])),
+                  textcoords="offset points", xytext=(4, 5), fontsize=7)
+  missed = sorted({float(n) for n in p["N"][~ok]})
+  if missed:
+    ax.plot([], [], linestyle="none", label="not reached: " + ", ".join(
+        _n_label(n) for n in missed))
+  if fit is not None and np.isfinite(fit.get("B_crit", np.nan)) and fit["S_min"] > 0:
+    S_min, B = fit["S_min"], fit["B_crit"]
+    n_lo = min(np.nanmin(p["N"][ok]), B) if ok.any() else B
+    n_hi = max(np.nanmax(p["N"][ok]), B) if ok.any() else B
+    t = np.geomspace(B / (n_hi * 4.0), B / (n_lo / 4.0), 400)  # t = B_crit / N
+    s_fit, e_fit = hyperbola(fit, t)
+    line, = ax.plot(e_fit, s_fit, color="0.15", linewidth=1.4, linestyle="-",
+                    label=f"fit: (S/S_min-1)(E/E_min-1)=1, B_crit={B:.3g}")
+    line.set_gid("fit")
+    e_min = _e_min(fit)
+    ax.axvline(e_min, color="0.4", linewidth=0.8, linestyle=":", label=f"E_min={e_min:.3g}")
+    ax.axhline(S_min, color="0.4", linewidth=0.8, linestyle=(0, (1, 3)),
+               label=f"S_min={S_min:.3g}")
+    ax.plot([2 * e_min], [2 * S_min], marker="*", markersize=11, color="0.15",
+            linestyle="none", label="knee: N = B_crit")
+    xs = np.concatenate([p["E"][ok], [e_min / 1.3, 2 * e_min * 1.6]])
+    ys = np.concatenate([p["S"][ok], [S_min / 1.3, 2 * S_min * 1.6]])
+    ax.set_xlim(xs.min() / 1.15, xs.max() * 1.15)
+    ax.set_ylim(ys.min() / 1.15, ys.max() * 1.4)
+    lo, hi = fit.get("B_crit_lo"), fit.get("B_crit_hi")
+    if lo is not None and hi is not None and np.isfinite(lo) and lo > 0:
+      ss = np.geomspace(ys.min() / 2, ys.max() * 2, 50)
+      hi_ray = ss * hi if np.isfinite(hi) else np.full_like(ss, xs.max() * 10)
+      level = fit.get("level")
+      lvl = f"{100 * level:.0f}% " if level else ""
+      band = ax.fill_betweenx(ss, ss * lo, hi_ray, facecolor="0.5", alpha=BAND_ALPHA,
+                              hatch="///", edgecolor="0.55", linewidth=0,
+                              label=f"B_crit {lvl}interval [{lo:.3g}, {hi:.3g}] (N rays)")
+      band.set_gid("b_crit_interval")
+  ax.set_xscale("log")
+  ax.set_yscale("log")
+  ax.set_xlabel("rollouts to target E (rollouts)")
+  ax.set_ylabel(f"steps to target S ({step_label})")
+  ax.grid(True, which="major", linewidth=0.3, color="0.8")
+  _legend(ax, loc="upper left", bbox_to_anchor=(1.02, 1.0))
+  ax.set_title(title or "steps vs rollouts to target", fontsize=10)
+  return fig
+
+
+def steps_vs_batch(points, fit: Mapping[str, Any] | None = None, title: str | None = None,
+                   step_label: str = "optimizer steps", b_noise=None) -> Figure:
+  """S(N) against N (log-log): the runs (one marker per seed, the mean per N
+  as a larger marker), the fit S = S_min (1 + B_crit / N) (line gid
+  ``"fit"``), the asymptote S_min, and the B_crit interval as a shaded
+  vertical band. Runs that never reached the target are drawn as triangles
+  at the top edge. ``points`` as in ``pareto`` (E is not needed).
+  ``b_noise``: a measured noise scale to compare with B_crit, a float or
+  (value, lo, hi), drawn as a dash-dot vertical line (and its interval as
+  a dotted pair)."""
+  p = _points(points)
+  fig, (ax,) = _new(1, size=(8.2, 4.4))
+  ok = np.isfinite(p["S"]) & (p["S"] > 0)
+  ax.plot(p["N"][ok], p["S"][ok], linestyle="none", marker="o", markerfacecolor="none",
+          color="0.25", markersize=5, label="runs (one per seed)")
+  ns = np.unique(p["N"][ok])
+  if ns.size:
+    means = [np.exp(np.mean(np.log(p["S"][ok & (p["N"] == n)]))) for n in ns]
+    ax.plot(ns, means, linestyle="none", marker="s", color="0.0", markersize=6,
+            label="geometric mean per N")
+  if (~ok).any():
+    top = transforms.blended_transform_factory(ax.transData, ax.transAxes)
+    ax.plot(p["N"][~ok], np.full((~ok).sum(), 0.97), transform=top, linestyle="none",
+            marker="^", color="0.0", markerfacecolor="none", label="target not reached")
+  if fit is not None and np.isfinite(fit.get("B_crit", np.nan)) and fit["S_min"] > 0:
+    S_min, B = fit["S_min"], fit["B_crit"]
+    n_all = p["N"][np.isfinite(p["N"])]
+    nn = np.geomspace(min(n_all.min(), B) / 2, max(n_all.max(), B) * 2, 300)
+    line, = ax.plot(nn, S_min * (1 + B / nn), color="0.15", linewidth=1.4,
+                    label=f"fit S = S_min(1 + B_crit/N), R²={fit.get('r2', math.nan):.2f}")
+    line.set_gid("fit")
+    ax.axhline(S_min, color="0.4", linewidth=0.8, linestyle=":", label=f"S_min={S_min:.3g}")
+    ax.axvline(B, color="0.15", linewidth=1.0, linestyle="--", label=f"B_crit={B:.3g}")
+    lo, hi = fit.get("B_crit_lo"), fit.get("B_crit_hi")
+    if lo is not None and hi is not None and np.isfinite(lo):
+      hi_draw = hi if np.isfinite(hi) else nn.max()
+      level = fit.get("level")
+      lvl = f"{100 * level:.0f}% " if level else ""
+      span = ax.axvspan(max(lo, nn.min() / 2), hi_draw, facecolor="0.5", alpha=BAND_ALPHA,
+                        hatch="///", edgecolor="0.55", linewidth=0,
+                        label=f"B_crit {lvl}interval [{lo:.3g}, {hi:.3g}]")
+      span.set_gid("b_crit_interval")
+  ax.set_xscale("log")
+  ax.set_yscale("log")
+  ax.set_xlabel("batch size N (rollouts per step)")
+  ax.set_ylabel(f"steps to target S ({step_label})")
+  if b_noise is not None:
+    bn = np.atleast_1d(np.asarray(b_noise, np.float64))
+    ax.axvline(bn[0], color=COLORS[2], linewidth=1.2, linestyle="-.",
+               label=f"measured B_noise={bn[0]:.3g}")
+    for edge in bn[1:3]:
+      if np.isfinite(edge) and edge > 0:
+        ax.axvline(edge, color=COLORS[2], linewidth=0.7, linestyle=":")
+  ax.grid(True, which="major", linewidth=0.3, color="0.8")
+  _legend(ax, loc="upper left", bbox_to_anchor=(1.02, 1.0))
+  head = title or "steps to target vs batch size"
+  if fit is not None and fit.get("resolved") is False:
+    head += "\nunresolved: " + str(fit.get("why", ""))
+  ax.set_title(head, fontsize=10 if "\n" not in head else 8)
+  return fig
+
+
+def _per_label(x, label):
+  return x[label] if isinstance(x, Mapping) else x
+
+
+def noise_over_training(rounds, series: Mapping[str, Sequence[float]],
+                        bands: Mapping[str, tuple] | None = None,
+                        title: str | None = None, ylabel: str = "noise scale (rollouts)",
+                        xlabel: str = "training round (generation rounds)",
+                        logy: bool | None = None) -> Figure:
+  """Noise quantities (e.g. B_noise, B_intra, K*B_inter) over training.
+
+  ``rounds``: the shared x values, or a dict label -> x values when series
+  are measured at different rounds (a tracker every round, precise
+  measurements at checkpoints). ``series``: label -> values (None/nan
+  where unresolved). ``bands``: label -> (lo, hi), an interval band (or
+  error bars for a series of at most 12 points). ``logy``: default log when
+  every finite value is positive.
+  """
+  bands = bands or {}
+  fig, (ax,) = _new(1, size=(6.4, 4.2))
+  for i, (label, y) in enumerate(series.items()):
+    st = style(i)
+    x, y = _arr(_per_label(rounds, label)), _arr(y)
+    if x.shape != y.shape:
+      raise ValueError(f"series {label!r}: {x.size} rounds but {y.size} values")
+    few = y.size <= 12
+    if label in bands and bands[label] is not None:
+      lo, hi = (_arr(b) for b in bands[label])
+      if few:
+        ax.errorbar(x, y, yerr=np.abs(np.stack([y - lo, hi - y])), linestyle="none",
+                    capsize=3, color=st["color"], marker=st["marker"], label=label)
+        continue
+      _band(ax, x, lo, hi, st["color"])
+    ax.plot(x, y, label=label, markevery=_markevery(y.size), markersize=4, linewidth=1.2,
+            **({**st, "linestyle": "none"} if few and y.size == 1 else st))
+  if logy is None:
+    logy = _log_ok(*series.values())
+  if logy:
+    ax.set_yscale("log")
+  ax.set_xlabel(xlabel)
+  ax.set_ylabel(ylabel)
+  ax.grid(True, which="major", linewidth=0.3, color="0.8")
+  _legend(ax, loc="best")
+  ax.set_title(title or "gradient noise over training", fontsize=10)
+  return fig
+
+
+def noise_decomposition(labels: Sequence[str], intra, inter, intra_se=None, inter_se=None,
+                        title: str | None = None, stacked: bool = False,
+                        ylabel: str = "noise scale (rollouts)",
+                        intra_label: str = "intra-prompt (B_intra)",
+                        inter_label: str = "inter-prompt (K·B_inter)") -> Figure:
+  """Bars of the intra/inter-prompt decomposition, one group per label
+  (checkpoint, task variant...). Intra bars are solid, inter bars hatched
+  (distinct in grey); ``*_se`` draw ± 1 SE error bars. ``stacked`` stacks
+  the two (when they add up, e.g. B_noise = B_intra + K B_inter) and prints
+  the inter-prompt share of each total above its bar."""
+  intra, inter = _arr(intra), _arr(inter)
+  if not (len(labels) == intra.size == inter.size):
+    raise ValueError(f"{len(labels)} labels, {intra.size} intra, {inter.size} inter values")
+  ise = None if intra_se is None else _arr(intra_se)
+  ese = None if inter_se is None else _arr(inter_se)
+  fig, (ax,) = _new(1, size=(max(4.5, 1.3 * len(labels) + 2.5), 4.2))
+  x = np.arange(len(labels), dtype=np.float64)
+  kw = dict(edgecolor="0.0", linewidth=0.8, capsize=3, error_kw=dict(linewidth=0.9))
+  if stacked:
+    ax.bar(x, intra, 0.6, yerr=ise, color="0.85", label=intra_label, **kw)
+    ax.bar(x, inter, 0.6, bottom=intra, yerr=ese, color="0.45", hatch="//", label=inter_label,
+           **kw)
+    for xi, a, b in zip(x, intra, inter):
+      if np.isfinite(a + b) and a + b > 0:
+        ax.annotate(f"inter {100 * b / (a + b):.0f}%", (xi, a + b), textcoords="offset points",
+                    xytext=(0, 4), ha="center", fontsize=7)
+  else:
+    w = 0.38
+    ax.bar(x - w / 2, intra, w, yerr=ise, color="0.85", label=intra_label, **kw)
+    ax.bar(x + w / 2, inter, w, yerr=ese, color="0.45", hatch="//", label=inter_label, **kw)
+  ax.set_xticks(x, [str(s) for s in labels])
+  ax.set_ylabel(ylabel)
+  ax.set_xlabel("")
+  ax.margins(y=0.15)
+  ax.grid(True, axis="y", linewidth=0.3, color="0.8")
+  ax.set_axisbelow(True)
+  _legend(ax, loc="upper left")
+  ax.set_title(title or "intra- vs inter-prompt gradient noise", fontsize=10)
+  return fig
+
+
+def trend_curve(fit: Mapping[str, Any], x, model: str | None = None) -> np.ndarray:
+  """The fitted polynomial of a ``drift.fit_trend`` result at ``x``:
+  ``model`` in (const, linear, quadratic); default: the verdict's model
+  ("flat" -> const)."""
+  model = model or {"flat": "const"}.get(fit["verdict"], fit["verdict"])
+  coef = fit[model]["coef"]
+  x = np.asarray(x, np.float64)
+  return sum(c * x ** k for k, c in enumerate(coef))
+
+
+def noise_vs_kappa(kappa, y, se=None, fit: Mapping[str, Any] | None = None,
+                   ylabel: str = "tr Σ_intra (|g|², per rollout)", title: str | None = None,
+                   xlabel: str = "drift κ (KL per token, nats)", show_all_models: bool = True
+                   ) -> Figure:
+  """A noise quantity against drift kappa: points with ± SE error bars and
+  the fitted trend of ``drift.fit_trend`` (the verdict's model solid, line
+  gid ``"fit"``; the other models thin grey when ``show_all_models``).
+
+  Several series: pass dicts label -> values for ``kappa``, ``y`` and
+  (optionally) ``se`` and ``fit``."""
+  multi = isinstance(kappa, Mapping)
+  keys = list(kappa) if multi else [None]
+  fig, (ax,) = _new(1, size=(6.0, 4.2))
+  xmax = 0.0
+  for i, key in enumerate(keys):
+    st = style(i)
+    k = _arr(kappa[key] if multi else kappa)
+    v = _arr(y[key] if multi else y)
+    e = None
+    if se is not None:
+      e = _arr(se[key] if multi else se)
+    lab = key if multi else "measured (± SE)"
+    ax.errorbar(k, v, yerr=e, linestyle="none", marker=st["marker"], color=st["color"],
+                capsize=3, markersize=5, label=lab)
+    f = (fit.get(key) if multi else fit) if fit is not None else None
+    xmax = max(xmax, np.nanmax(k) if np.isfinite(k).any() else 0.0)
+    if f is None:
+      continue
+    xs = np.linspace(min(0.0, np.nanmin(k)), np.nanmax(k) * 1.05, 200)
+    chosen = {"flat": "const"}.get(f["verdict"], f["verdict"])
+    if show_all_models and not multi:
+      for model, ls in (("const", ":"), ("linear", "--"), ("quadratic", "-.")):
+        if model != chosen:
+          ax.plot(xs, trend_curve(f, xs, model), color="0.6", linewidth=0.8, linestyle=ls,
+                  label=f"{model} (not chosen)")
+    r2 = f[chosen].get("r2", math.nan)
+    line, = ax.plot(xs, trend_curve(f, xs, chosen), color=st["color"], linewidth=1.5,
+                    linestyle=st["linestyle"],
+                    label=f"{(key + ': ') if multi else ''}{chosen} fit ({f['verdict']}, "
+                          f"R²={r2:.2f})")
+    line.set_gid("fit" if not multi else f"fit:{key}")
+  ax.set_xlabel(xlabel)
+  ax.set_ylabel(ylabel)
+  ax.grid(True, linewidth=0.3, color="0.8")
+  _legend(ax, loc="best")
+  ax.set_title(title or "noise vs drift", fontsize=10)
+  return fig
+
+
+def adaptive_batch(rounds, batch_size, signal, lo=None, hi=None, title: str | None = None,
+                   signal_label: str = "tracked B_noise (rollouts)",
+                   xlabel: str = "training round (generation rounds)",
+                   signal_rounds=None) -> Figure:
+  """The adaptive controller over training: the chosen N per round (top,
+  a step plot, log2 axis) above the signal it tracks with its interval
+  (bottom; log axis when positive). ``signal_rounds``: x of the signal
+  when it is not logged every round (default ``rounds``)."""
+  fig, (ax_n, ax_s) = _new(1, 2, size=(6.4, 2.6), sharex=True)
+  x, n = _arr(rounds), _arr(batch_size)
+  ax_n.step(x, n, where="post", color="0.0", linewidth=1.4, label="chosen N")
+  ax_n.plot(x, n, linestyle="none", marker="o", markersize=3, color="0.0",
+            markevery=_markevery(n.size))
+  if _log_ok(n):
+    ax_n.set_yscale("log", base=2)
+    ax_n.yaxis.set_major_formatter(ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+  ax_n.set_ylabel("batch size N (rollouts per round)")
+  xs, s = _arr(signal_rounds if signal_rounds is not None else rounds), _arr(signal)
+  if lo is not None and hi is not None:
+    _band(ax_s, xs, lo, hi, COLORS[1], label="interval")
+  ax_s.plot(xs, s, color=COLORS[1], linestyle="--", linewidth=1.3, label=signal_label)
+  if _log_ok(s, lo, hi):
+    ax_s.set_yscale("log")
+  ax_s.set_ylabel(signal_label)
+  ax_s.set_xlabel(xlabel)
+  for ax in (ax_n, ax_s):
+    ax.grid(True, linewidth=0.3, color="0.8")
+    _legend(ax, loc="best")
+  ax_n.set_title(title or "adaptive batch size", fontsize=10)
+  return fig
+
+
+def save(fig: Figure, path: str, dpi: int = DPI) -> str:
+  """Write ``fig`` to ``path`` as a PNG at ``dpi`` and close it; returns
+  the path."""
+  d = os.path.dirname(path)
+  if d:
+    os.makedirs(d, exist_ok=True)
+  fig.savefig(path, dpi=dpi, format="png", bbox_inches="tight")
+  import matplotlib.pyplot as plt  # noqa: PLC0415  (close() if pyplot tracks it)
+  plt.close(fig)
+  return path
