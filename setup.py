@@ -23,11 +23,13 @@ setuptools.setup(
     ],
     extras_require={
         "test": ["pytest>=7", "pytest-xdist>=3", "hypothesis>=6.80", "scipy>=1.10",
-                 "tokenizers>=0.15"],
+                 "tokenizers>=0.15", "safetensors>=0.4"],
         "hf": ["tokenizers>=0.15", "safetensors>=0.4"],
-        # logits parity against transformers (tests/test_hf.py). The torch cap keeps
-        # pip on the 2.13 CPU wheel where one is on find-links (torch 2.14 pulls its
-        # CUDA libraries, ~5.6 GB, even on CPU); transformers 4.51 added Qwen3.
+        # logits parity against transformers (tests/test_hf.py); CI installs it
+        # (.ci/run: pip install -e ".[test,parity]"). The torch bound keeps pip on
+        # a 2.13 release: where the 2.13.0 CPU wheel is on find-links (this machine
+        # kind) pip takes it (~1.2 GB installed, ~1-2 min); a newer torch pulls
+        # its CUDA libraries (~5.6 GB) even on CPU. transformers >= 4.51 has Qwen3.
         "parity": ["torch>=2.4,<2.14", "transformers>=4.51", "tokenizers>=0.15",
                    "safetensors>=0.4"],
     },
