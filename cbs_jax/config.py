@@ -120,11 +120,22 @@ def base_config() -> ConfigDict:
   c.train.max_consecutive_nonfinite = 3  # stop after this many skipped updates in a row
   c.train.progress = True          # console progress bar
 
-  c.mesh = ConfigDict()
-  c.mesh.data = -1   # devices along the rollout (data) axis; -1 = all that model leaves
-  c.mesh.model = 1   # devices along the model (tensor-parallel) axis
+  c.mesh = ConfigDict()  # (data, fsdp, tensor) mesh over all devices of all processes
+  c.mesh.data = -1    # devices splitting rollouts, params replicated; -1 = what the others leave
+  c.mesh.fsdp = 1     # devices splitting rollouts AND sharding params / optimizer state
+  c.mesh.tensor = 1   # devices splitting heads / MLP / vocabulary (tensor parallel)
   # logical parameter axis -> mesh axis ('' = replicated), as "name=axis,..." (sharding.py)
   c.mesh.rules = sharding.format_rules(sharding.DEFAULT_RULES)
+
+  c.distributed = ConfigDict()  # multi-process (multi-host) runs through jax.distributed
+  c.distributed.enabled = False  # call jax.distributed.initialize() before anything else;
+                                 # on TPU VMs / SLURM / Open MPI the fields below may stay
+                                 # empty (JAX detects them); set them elsewhere
+  c.distributed.coordinator_address = ""  # "host:port" of process 0 ("" = auto-detect)
+  c.distributed.num_processes = 0         # 0 = auto-detect
+  c.distributed.process_id = -1           # -1 = auto-detect
+  c.distributed.local_device_ids = ""     # "0,1,..." devices of this process ("" = all)
+  c.distributed.initialization_timeout = 300  # seconds to wait for every process
 
   c.drift = ConfigDict()
   c.drift.probe_prompts = 0    # prompts per round sampled from the behaviour policy and never
@@ -226,10 +237,31 @@ def validate(c: ConfigDict) -> None:
                      f"got {c.rl.clip_eps_low!r}")
   if c.rl.clip_c and c.rl.clip_c <= 1.0:
     raise ValueError(f"config.rl.clip_c must be > 1 when set (0 = off), got {c.rl.clip_c!r}")
-  if _num(c, "mesh.model") <= 0:
-    raise ValueError(f"config.mesh.model must be > 0, got {c.mesh.model!r}")
-  if _num(c, "mesh.data") != -1 and c.mesh.data <= 0:
-    raise ValueError(f"config.mesh.data must be > 0 or -1 (all devices), got {c.mesh.data!r}")
+  sizes = [_num(c, f"mesh.{a}") for a in sharding.MESH_AXES]
+  for a, v in zip(sharding.MESH_AXES, sizes):
+    if not isinstance(v, int) or not (v == -1 or v > 0):
+      raise ValueError(f"config.mesh.{a} must be a positive integer or -1 (the rest), "
+                       f"got {v!r}")
+  if sizes.count(-1) > 1:
+    raise ValueError(f"config.mesh: at most one of data, fsdp, tensor may be -1, got "
+                     f"{dict(zip(sharding.MESH_AXES, sizes))}")
+  d = c.distributed
+  if not isinstance(d.enabled, bool):
+    raise ValueError(f"config.distributed.enabled must be True or False, got {d.enabled!r}")
+  if d.enabled:
+    if _num(c, "distributed.num_processes") < 0:
+      raise ValueError(f"config.distributed.num_processes must be >= 0 (0 = auto), got "
+                       f"{d.num_processes!r}")
+    if _num(c, "distributed.process_id") < -1 or (
+        d.num_processes and d.process_id >= d.num_processes):
+      raise ValueError(f"config.distributed.process_id={d.process_id!r} must be -1 (auto) or "
+                       f"in [0, config.distributed.num_processes={d.num_processes})")
+    if not _num(c, "distributed.initialization_timeout") > 0:
+      raise ValueError(f"config.distributed.initialization_timeout must be > 0, got "
+                       f"{d.initialization_timeout!r}")
+    if d.coordinator_address and ":" not in d.coordinator_address:
+      raise ValueError(f"config.distributed.coordinator_address={d.coordinator_address!r} "
+                       "must be 'host:port'")
   model_lib.validate_config(c.model, prefix="config.model")
   P, K = c.batch.num_prompts, c.batch.rollouts_per_prompt
   if c.mode == "rl":

@@ -237,10 +237,9 @@ class RoundUpdater:
 
   def _place(self, x):
     """Split a minibatch's rollout axis over the mesh's data axis."""
-    if self.mesh is None or x.shape[0] % self.mesh.shape["data"]:
+    if self.mesh is None:
       return x
-    spec = jax.sharding.PartitionSpec("data")
-    return jax.lax.with_sharding_constraint(x, jax.sharding.NamedSharding(self.mesh, spec))
+    return jax.lax.with_sharding_constraint(x, sharding.batch_sharding(self.mesh, x.shape[0]))
 
   def _round(self, state, batch, idx_UxB, lrs_U, on_policy_first, probe, *, split, exact,
              drift):
@@ -361,12 +360,14 @@ def start_run(config, workdir: str, setup: Setup) -> Run:
   resume = ckpt.latest_step()
   if resume is not None:
     ckpt.check_model(c.model.to_dict())  # before any compile or write
-  mesh = sharding.make_mesh(c.mesh.data, c.mesh.model)  # before anything compiles
+  mesh = sharding.make_mesh(c.mesh.data, c.mesh.fsdp, c.mesh.tensor)  # before any compile
   graphdef, base_params, base_summary = sft_base(c, workdir, setup)
-  base_params = sharding.shard_params(base_params, mesh, sharding.parse_rules(c.mesh.rules))
+  param_sh = sharding.param_shardings(base_params, mesh, sharding.parse_rules(c.mesh.rules))
+  base_params = jax.device_put(base_params, param_sh)
   tx = make_optimizer(c.optim)
   copy = lambda t: jax.tree.map(jnp.copy, t)  # updates donate their params
-  state = dict(params=copy(base_params), opt_state=tx.init(base_params),
+  opt_state = sharding.shard_state(tx.init(base_params), base_params, param_sh, mesh)
+  state = dict(params=copy(base_params), opt_state=opt_state,
                history=[copy(base_params) for _ in range(c.batch.staleness)])
   ema = noise.NoiseEMA(c.noise.ema_decay)
   ema_adam = noise.NoiseEMA(c.noise.ema_decay)  # the same in Adam's metric

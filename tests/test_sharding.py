@@ -1,6 +1,7 @@
-"""Multi-device: logical-axis shardings and a sharded run equal to a
-single-device one. Each run is a subprocess with 8 host CPU devices
-(XLA_FLAGS set before jax loads)."""
+"""Multi-device: (data, fsdp, tensor) mesh from the config, logical-axis
+shardings of parameters and optimizer state, and sharded runs equal to a
+single-device one. Each multi-device run is a subprocess with 8 host CPU
+devices (XLA_FLAGS set before jax loads)."""
 import json
 import os
 import subprocess
@@ -8,37 +9,89 @@ import sys
 
 import pytest
 
+from cbs_jax import config as config_lib
 from cbs_jax import metrics as metrics_lib
+from cbs_jax import sharding
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-EIGHT = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8")
+EIGHT = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8",
+             JAX_PLATFORMS="cpu")
 
 SPECS = r"""
-import json, jax
-from cbs_jax import model, sharding
-c = model.default_config(); c.vocab_size = 15; c.num_kv_heads = 1
+import json, jax, jax.numpy as jnp
+from cbs_jax import model, sharding, train
+from configs import default
+c = model.default_config(); c.vocab_size = 16; c.num_kv_heads = 1
 g, p = model.build(c)
-mesh = sharding.make_mesh(4, 2)
-ps = sharding.shard_params(p, mesh)
-paths = jax.tree_util.tree_flatten_with_path(ps)[0]
-print(json.dumps({jax.tree_util.keystr(k): [list(x.sharding.spec), len(x.sharding.device_set)]
-                  for k, x in paths}))
+mesh = sharding.make_mesh(2, 2, 2)
+rules = sharding.DEFAULT_RULES
+psh = sharding.param_shardings(p, mesh, rules)
+ps = jax.device_put(p, psh)
+tx = train.make_optimizer(default.get_config().optim)
+opt = sharding.shard_state(tx.init(ps), ps, psh, mesh)
+out = {}
+for k, x in jax.tree_util.tree_flatten_with_path(ps)[0]:
+  out["params" + jax.tree_util.keystr(k)] = [list(x.sharding.spec), len(x.sharding.device_set),
+                                             x.addressable_shards[0].data.size, x.size]
+for k, x in jax.tree_util.tree_flatten_with_path(opt)[0]:
+  out["opt" + jax.tree_util.keystr(k)] = [list(x.sharding.spec), len(x.sharding.device_set),
+                                          x.addressable_shards[0].data.size, x.size]
+b = sharding.shard_batch({"x": jnp.zeros((16, 3)), "y": jnp.zeros((6,))}, mesh)
+out["batch_x"] = [list(b["x"].sharding.spec), 8, b["x"].addressable_shards[0].data.size, 48]
+out["batch_y"] = [list(b["y"].sharding.spec), 8, b["y"].addressable_shards[0].data.size, 6]
+print(json.dumps(out))
 """
 
 
-def test_parameters_shard_by_logical_axis_names():
+def test_parameters_and_optimizer_state_shard_by_logical_axis_names():
   r = subprocess.run([sys.executable, "-c", SPECS], cwd=ROOT, env=EIGHT,
                      capture_output=True, text=True, timeout=300)
   assert r.returncode == 0, r.stderr[-2000:]
   specs = json.loads(r.stdout.strip().splitlines()[-1])
-  get = lambda frag: next(v[0] for k, v in specs.items() if frag in k)
-  assert get("attn']['wq") == [None, "model", None]      # heads over model
-  assert get("mlp']['w_up") == [None, "model"]           # mlp over model
-  assert get("mlp']['w_down") == ["model", None]
-  assert get("attn']['wk") == [None, None, None]         # 1 kv head: not divisible, replicated
-  assert get("['embed']") == [None, None]                # vocab 15 not divisible by 2
-  assert get("lm_head") == [None, None]
-  assert all(n == 8 for _, n in specs.values())
+  get = lambda frag, pre="params": next(v for k, v in specs.items()
+                                        if k.startswith(pre) and frag in k)
+  P = lambda frag: get(frag)[0]
+  assert P("['attn']['wq']") == ["fsdp", "tensor", None]   # embed over fsdp, heads over tensor
+  assert P("['mlp']['w_up']") == ["fsdp", "tensor"]
+  assert P("['mlp']['w_down']") == ["tensor", "fsdp"]
+  assert P("['attn']['wo']") == ["tensor", None, "fsdp"]
+  assert P("['attn']['wk']") == ["fsdp", None, None]       # 1 kv head: not divisible
+  assert P("['embed']") == ["tensor", "fsdp"]               # vocab 16 over tensor
+  assert P("['final_norm']['scale']") == ["fsdp"]
+  # each device holds 1/4 of a matrix sharded over fsdp x tensor
+  wq = get("['blocks'][0]['attn']['wq']")
+  assert wq[2] * 4 == wq[3] and wq[1] == 8
+  # Adam's moments are sharded like their parameters; counts replicated
+  opt = {k: v for k, v in specs.items() if k.startswith("opt")}
+  mu_wq = next(v for k, v in opt.items() if "mu" in k and "['attn']['wq']" in k)
+  nu_up = next(v for k, v in opt.items() if "nu" in k and "['mlp']['w_up']" in k)
+  assert mu_wq[0] == ["fsdp", "tensor", None] and mu_wq[2] * 4 == mu_wq[3]
+  assert nu_up[0] == ["fsdp", "tensor"]
+  assert all(v[0] == [] for k, v in opt.items() if "count" in k)
+  # batches: rollouts over (data, fsdp) = 4 shards; 6 rows: over data only
+  assert specs["batch_x"][0] == [["data", "fsdp"]] and specs["batch_x"][2] == 12
+  assert specs["batch_y"][0] == ["data"] and specs["batch_y"][2] == 3
+
+
+def test_mesh_shape_from_config():
+  assert sharding.mesh_shape(-1, 1, 1, 8) == (8, 1, 1)
+  assert sharding.mesh_shape(-1, 2, 2, 8) == (2, 2, 2)
+  assert sharding.mesh_shape(2, -1, 1, 8) == (2, 4, 1)
+  assert sharding.mesh_shape(1, 1, -1, 8) == (1, 1, 8)
+  with pytest.raises(ValueError, match=r"config.mesh.data=2 x config.mesh.fsdp=2 x "
+                     r"config.mesh.tensor=1 = 4 devices, but there are 8 devices"):
+    sharding.mesh_shape(2, 2, 1, 8)
+  with pytest.raises(ValueError, match=r"fixed axes \(3 devices\) do not divide the 8"):
+    sharding.mesh_shape(-1, 1, 3, 8)
+  with pytest.raises(ValueError, match="at most one mesh axis may be -1"):
+    sharding.mesh_shape(-1, -1, 1, 8)
+  c = config_lib.base_config()
+  c.mesh.fsdp = 0
+  with pytest.raises(ValueError, match=r"config.mesh.fsdp must be a positive integer or -1"):
+    config_lib.validate(c)
+  c.mesh.fsdp, c.mesh.rules = 1, "embed=model"
+  with pytest.raises(ValueError, match=r"config.mesh.rules=.*mesh axis 'model' is not one of"):
+    config_lib.validate(c)
 
 
 def run(workdir, env, *flags):
@@ -50,11 +103,9 @@ def run(workdir, env, *flags):
   return metrics_lib.read_jsonl(os.path.join(workdir, "metrics.jsonl"))
 
 
-def test_sharded_run_matches_single_device(tmp_path):
-  one = run(str(tmp_path / "one"), dict(os.environ))
-  mesh = run(str(tmp_path / "mesh"), EIGHT, "--config.mesh.data=4", "--config.mesh.model=2")
-  assert [r["round"] for r in one] == [r["round"] for r in mesh]
-  for a, b in zip(one, mesh):
+def assert_same_run(one, other):
+  assert [r["round"] for r in one] == [r["round"] for r in other]
+  for a, b in zip(one, other):
     assert a.get("eval_pass_rate") == b.get("eval_pass_rate")
     if a["round"]:
       assert a["reward_mean"] == b["reward_mean"]
@@ -62,10 +113,24 @@ def test_sharded_run_matches_single_device(tmp_path):
       # per update, and entropy (a mean of logs) shows it first
       assert a["entropy"] == pytest.approx(b["entropy"], rel=1e-3)
       assert a["loss"] == pytest.approx(b["loss"], abs=1e-5)
+      # noise statistics of the same rollouts: g2 (~0.1 here) is a small
+      # difference of large squared norms, so its error is absolute
+      assert a["noise_split/trace_intra"] == pytest.approx(b["noise_split/trace_intra"],
+                                                           rel=5e-3)
+      assert a["noise_split/g2"] == pytest.approx(b["noise_split/g2"], abs=1e-3)
+
+
+def test_sharded_run_matches_single_device(tmp_path):
+  one = run(str(tmp_path / "one"), dict(os.environ))
+  mesh = run(str(tmp_path / "mesh"), EIGHT, "--config.mesh.data=2", "--config.mesh.fsdp=2",
+             "--config.mesh.tensor=2")
+  assert_same_run(one, mesh)
 
 
 def test_mesh_not_matching_the_devices_is_an_error(tmp_path):
   cmd = [sys.executable, "-m", "cbs_jax.main", "--config=configs/default.py:smoke",
-         f"--workdir={tmp_path}", "--config.mesh.model=3"]
+         f"--workdir={tmp_path}", "--config.mesh.tensor=3"]
   r = subprocess.run(cmd, cwd=ROOT, env=EIGHT, capture_output=True, text=True, timeout=300)
-  assert r.returncode != 0 and "config.mesh.model=3" in r.stderr
+  assert r.returncode != 0
+  assert "config.mesh.tensor=3" in r.stderr and "8 devices" in r.stderr, r.stderr[-2000:]
+  assert not os.path.exists(tmp_path / "checkpoints" / "1")  # failed before any work
