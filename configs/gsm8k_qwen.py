@@ -21,7 +21,7 @@ Choices:
   per-rollout gradient per vmap lane; enable with chunk_prompts=1 if memory
   allows); no exact expected-pass eval (GSM8K answers are not enumerable).
 * mesh: data parallel over all devices, parameters replicated (0.5B in
-  float32 + Adam is ~6 GB per chip); ``--config.mesh.model=4`` shards
+  float32 + Adam is ~6 GB per chip); ``--config.mesh.tensor=4`` shards
   vocab / heads / MLP over 4 chips instead.
 
 What remains before this runs end to end (not wired in train.py yet):
@@ -105,7 +105,8 @@ def get_config(arg=None):
   c.noise.chunk_prompts = 1
 
   c.mesh.data = -1
-  c.mesh.model = 1
+  c.mesh.fsdp = 1
+  c.mesh.tensor = 1
 
   if arg == "smoke":
     c.task.kwargs.path = gsm8k.DEFAULT_PATH

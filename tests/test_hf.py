@@ -399,7 +399,7 @@ def test_export_checks_shapes_against_config():
 
 
 def test_sharded_load_on_mesh(tmp_path):
-  """8 CPU devices, (data 2, model 4) mesh: every parameter lands on its
+  """8 CPU devices, (data 2, fsdp 2, tensor 2) mesh: every parameter lands on its
   param_shardings sharding with the single-device values."""
   c = _tiny(qkv_bias=True, num_heads=4, num_kv_heads=2)
   gd, params = model_lib.build(c, seed=3)
@@ -409,7 +409,7 @@ def test_sharded_load_on_mesh(tmp_path):
   script = textwrap.dedent(f"""
       import numpy as np, jax
       from cbs_jax import hf, sharding
-      mesh = sharding.make_mesh(data=2, model=4)
+      mesh = sharding.make_mesh(data=2, fsdp=2, tensor=2)
       gd, params, c, _ = hf.load({d!r}, mesh=mesh)
       want = jax.tree.leaves(sharding.param_shardings(params, mesh))
       ref = np.load({str(tmp_path / "ref.npz")!r})
