@@ -235,6 +235,28 @@ def pareto(points, fit: Mapping[str, Any] | None = None, title: str | None = Non
   return fig
 
 
+def _noise_marks(b_noise) -> list[tuple[str, tuple[float, float, float]]]:
+  """[(label, (value, lo, hi))] from steps_vs_batch's ``b_noise`` argument."""
+  if b_noise is None:
+    return []
+  if isinstance(b_noise, Mapping):
+    items = list(b_noise.items())
+  elif isinstance(b_noise, (list, np.ndarray)):
+    many = list(b_noise)
+    items = [(f"measured B_noise #{i + 1}" if len(many) > 1 else "measured B_noise", v)
+             for i, v in enumerate(many)]
+  else:
+    items = [("measured B_noise", b_noise)]
+  out = []
+  for label, v in items:
+    t = tuple(float(x) for x in v) if isinstance(v, tuple) else (float(v), math.nan, math.nan)
+    if len(t) != 3:
+      raise ValueError(f"b_noise {label!r}: a number or a (value, lo, hi) tuple, got {v!r}")
+    if np.isfinite(t[0]) and t[0] > 0:
+      out.append((str(label), t))
+  return out
+
+
 def steps_vs_batch(points, fit: Mapping[str, Any] | None = None, title: str | None = None,
                    step_label: str = "optimizer steps", b_noise=None) -> Figure:
   """S(N) against N (log-log): the runs (one marker per seed, the mean per N
@@ -242,9 +264,10 @@ def steps_vs_batch(points, fit: Mapping[str, Any] | None = None, title: str | No
   ``"fit"``), the asymptote S_min, and the B_crit interval as a shaded
   vertical band. Runs that never reached the target are drawn as triangles
   at the top edge. ``points`` as in ``pareto`` (E is not needed).
-  ``b_noise``: a measured noise scale to compare with B_crit, a float or
-  (value, lo, hi), drawn as a dash-dot vertical line (and its interval as
-  a dotted pair)."""
+  ``b_noise``: measured noise scale(s) to compare with B_crit, each drawn
+  as a vertical line (its interval as a dotted pair): a number, a tuple
+  ``(value, lo, hi)``, a list of those (several measurements) or a dict
+  label -> number or tuple. Non-finite values are skipped."""
   p = _points(points)
   fig, (ax,) = _new(1, size=(8.2, 4.4))
   ok = np.isfinite(p["S"]) & (p["S"] > 0)
@@ -281,13 +304,13 @@ def steps_vs_batch(points, fit: Mapping[str, Any] | None = None, title: str | No
   ax.set_yscale("log")
   ax.set_xlabel("batch size N (rollouts per step)")
   ax.set_ylabel(f"steps to target S ({step_label})")
-  if b_noise is not None:
-    bn = np.atleast_1d(np.asarray(b_noise, np.float64))
-    ax.axvline(bn[0], color=COLORS[2], linewidth=1.2, linestyle="-.",
-               label=f"measured B_noise={bn[0]:.3g}")
-    for edge in bn[1:3]:
+  for j, (label, (v, lo, hi)) in enumerate(_noise_marks(b_noise)):
+    ls = ("-.", (0, (3, 1, 1, 1, 1, 1)), (0, (6, 2)))[j % 3]
+    ax.axvline(v, color=COLORS[2 + j % 4], linewidth=1.2, linestyle=ls,
+               label=f"{label}={v:.3g}" + (f" [{lo:.3g}, {hi:.3g}]" if np.isfinite(lo) else ""))
+    for edge in (lo, hi):
       if np.isfinite(edge) and edge > 0:
-        ax.axvline(edge, color=COLORS[2], linewidth=0.7, linestyle=":")
+        ax.axvline(edge, color=COLORS[2 + j % 4], linewidth=0.7, linestyle=":")
   ax.grid(True, which="major", linewidth=0.3, color="0.8")
   _legend(ax, loc="upper left", bbox_to_anchor=(1.02, 1.0))
   head = title or "steps to target vs batch size"

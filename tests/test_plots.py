@@ -160,7 +160,24 @@ def test_steps_vs_batch_fit_and_interval(tmp_path):
   assert ax.get_xscale() == "log" and ax.get_yscale() == "log"
   assert "rollouts" in ax.get_xlabel() and _unit(ax.get_ylabel())
   assert any(ln.get_label() == "target not reached" for ln in ax.get_lines())
+  by = {ln.get_label(): ln for ln in ax.get_lines()}
+  np.testing.assert_allclose(by["measured B_noise=900 [700, 1.2e+03]"].get_xdata(), [900, 900])
   _check_labelled_and_saved(fig, tmp_path, "svb")
+
+
+def test_steps_vs_batch_noise_marks():
+  pts, fit = _sweep(2)
+  lines = lambda fig: {ln.get_label(): ln.get_xdata()[0] for ln in fig.axes[0].get_lines()
+                       if "B_noise" in ln.get_label() or "base" in ln.get_label()
+                       or "late" in ln.get_label()}
+  # a list: several measurements (not an interval); nan ones are skipped
+  got = lines(plots.steps_vs_batch(pts, fit, b_noise=[900.0, 1500.0, float("nan")]))
+  assert sorted(got.values()) == [900.0, 1500.0]
+  got = lines(plots.steps_vs_batch(pts, fit, b_noise={"base": (800.0, 600.0, 1000.0),
+                                                      "late": 1200.0}))
+  assert got == {"base=800 [600, 1e+03]": 800.0, "late=1.2e+03": 1200.0}
+  with pytest.raises(ValueError):
+    plots.steps_vs_batch(pts, fit, b_noise=(1.0, 2.0))
 
 
 def test_noise_over_training_series_and_bands(tmp_path):
