@@ -18,12 +18,19 @@ import importlib.metadata
 import json
 import os
 import platform
+import shlex
 import subprocess
 import sys
+import time
 from typing import Any, Sequence
 
 _PACKAGES = ("jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "numpy",
              "ml-collections")
+MANIFEST = "manifest.json"
+# what every manifest.json holds (tests/test_report.py checks each is filled in)
+MANIFEST_KEYS = ("experiment", "started_utc", "wall_seconds", "command", "config",
+                 "git_commit", "git_dirty", "versions", "python", "platform", "backend",
+                 "devices")
 
 
 def _git(*args: str) -> str | None:
@@ -58,11 +65,37 @@ def provenance() -> dict:
 
 
 def _plain(config: Any) -> Any:
+  """A config (ConfigDict, dict, or lists of them) as plain JSON-able data."""
   if hasattr(config, "to_dict"):
-    return config.to_dict()
+    return _plain(config.to_dict())
   if isinstance(config, dict):
-    return {k: _plain(v) for k, v in config.items()}
+    return {str(k): _plain(v) for k, v in config.items()}
+  if isinstance(config, (list, tuple)):
+    return [_plain(v) for v in config]
   return config
+
+
+def command_line(argv: Sequence[str] | None = None) -> str:
+  """The command that ran this process, as a shell line: ``python -m pkg.mod
+  ...`` for a module run, ``python path/to/script.py ...`` otherwise."""
+  argv = list(sys.argv if argv is None else argv)
+  if not argv:
+    return "python"
+  main = sys.modules.get("__main__")
+  spec = getattr(main, "__spec__", None)
+  if argv is sys.argv or argv == sys.argv:
+    if spec is not None and spec.name and spec.name != "__main__":
+      return shlex.join(["python", "-m", spec.name.removesuffix(".__main__"), *argv[1:]])
+  return shlex.join(["python", *argv])
+
+
+def missing_manifests(root: str = "experiments/results") -> list[str]:
+  """Result folders ``root/<name>/`` without a ``manifest.json`` (sorted)."""
+  if not os.path.isdir(root):
+    return []
+  return sorted(d for d in os.listdir(root)
+                if os.path.isdir(os.path.join(root, d)) and not d.startswith(".")
+                and not os.path.exists(os.path.join(root, d, MANIFEST)))
 
 
 def markdown_table(rows: Sequence[dict], columns: Sequence[str],
@@ -92,6 +125,7 @@ class Results:
     self.dir = os.path.join(root, name)
     os.makedirs(self.dir, exist_ok=True)
     self.t0 = datetime.datetime.now(datetime.timezone.utc)
+    self._clock = time.monotonic()
 
   def path(self, suffix: str) -> str:
     return os.path.join(self.dir, f"{self.name}{suffix}")
@@ -117,18 +151,30 @@ class Results:
     return md
 
   def figure(self, fig, suffix: str = ".png") -> str:
-    path = self.path(suffix)
-    fig.savefig(path, dpi=120, bbox_inches="tight")
-    return path
+    """Write ``fig`` as ``<name><suffix>`` (``plots.save``: fixed dpi, then closed)."""
+    from cbs_jax import plots  # noqa: PLC0415  (matplotlib only when a figure is written)
+    return plots.save(fig, self.path(suffix))
 
-  def manifest(self, config: Any = None, command: Sequence[str] | None = None,
+  def manifest(self, config: Any = None, command: Sequence[str] | str | None = None,
                wall_seconds: float | None = None, **extra) -> str:
-    """Write ``manifest.json`` (provenance + config + command + wall time)."""
+    """Write ``manifest.json``: the keys of ``MANIFEST_KEYS`` (provenance,
+    the full config, the command line, wall time) plus ``extra``.
+
+    ``command`` defaults to this process's command line (``command_line``);
+    ``wall_seconds`` to the time since this ``Results`` was created."""
+    clash = sorted(set(extra) & set(MANIFEST_KEYS))
+    if clash:
+      raise ValueError(f"manifest extra fields {clash} would overwrite recorded provenance")
+    if wall_seconds is None:
+      wall_seconds = time.monotonic() - self._clock
+    if command is None:
+      command = command_line()
+    elif not isinstance(command, str):
+      command = command_line(command)
     doc = dict(experiment=self.name, started_utc=self.t0.isoformat(),
-               wall_seconds=wall_seconds,
-               command=" ".join(command if command is not None else sys.argv),
+               wall_seconds=float(wall_seconds), command=command,
                config=_plain(config), **provenance(), **extra)
-    path = os.path.join(self.dir, "manifest.json")
+    path = os.path.join(self.dir, MANIFEST)
     with open(path + ".tmp", "w") as f:
       json.dump(doc, f, indent=1, default=str)
     os.replace(path + ".tmp", path)

@@ -1,0 +1,149 @@
+"""cbs_jax.report: the manifest.json that ties a result folder to the exact code,
+config, library versions, machine and command that made it. Each recorded
+field is checked against an independent source (git, importlib.metadata,
+the library's own __version__, platform, a subprocess's real command line)."""
+import csv
+import importlib.metadata
+import json
+import os
+import platform
+import subprocess
+import sys
+import textwrap
+import time
+
+import ml_collections
+import pytest
+
+from cbs_jax import report
+from configs import default
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _read(path):
+  with open(path) as f:
+    return json.load(f)
+
+
+def _as_json(config):
+  return json.loads(json.dumps(config.to_dict()))
+
+
+def _git_head():
+  try:
+    out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True,
+                         text=True, timeout=10)
+  except OSError:
+    return None
+  return out.stdout.strip() if out.returncode == 0 else None
+
+
+def test_manifest_records_everything(tmp_path):
+  config = default.get_config()
+  res = report.Results("exp_a", root=str(tmp_path))
+  time.sleep(0.2)
+  path = res.manifest(config=config, command=["experiments/exp_a.py", "--quick"],
+                      targets=[0.5, 0.55])
+  assert path == os.path.join(str(tmp_path), "exp_a", "manifest.json")
+  assert not os.path.exists(path + ".tmp")
+  doc = _read(path)
+  for key in report.MANIFEST_KEYS:
+    assert key in doc, key
+  assert doc["experiment"] == "exp_a"
+  assert doc["targets"] == [0.5, 0.55]
+  # the full config, every field (as JSON has it: tuples become lists)
+  assert doc["config"] == _as_json(config)
+  assert doc["config"]["optim"]["lr"] == config.optim.lr
+  # wall time defaults to the time since Results() was created
+  assert 0.2 <= doc["wall_seconds"] < 60
+  assert doc["command"] == "python experiments/exp_a.py --quick"
+  # versions, against importlib.metadata and the libraries' own version strings
+  import flax
+  import jax
+  import optax
+  for pkg in ("jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "numpy"):
+    assert doc["versions"][pkg] == importlib.metadata.version(pkg), pkg
+  assert doc["versions"]["jax"] == jax.__version__
+  assert doc["versions"]["flax"] == flax.__version__
+  assert doc["versions"]["optax"] == optax.__version__
+  assert doc["python"] == platform.python_version()
+  assert doc["platform"] == platform.platform()
+  assert doc["backend"] == jax.default_backend()
+  assert doc["devices"] == [str(d) for d in jax.devices()]
+  head = _git_head()
+  if head is None:
+    pytest.skip("not a git checkout: commit not checkable")
+  assert doc["git_commit"] == head
+  dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
+                         capture_output=True, text=True).stdout.strip() != ""
+  assert doc["git_dirty"] is dirty
+
+
+def test_manifest_explicit_wall_time_and_several_configs(tmp_path):
+  res = report.Results("exp_b", root=str(tmp_path))
+  configs = {"clip0.2": default.get_config(), "smoke": default.get_config("smoke")}
+  doc = _read(res.manifest(config=configs, wall_seconds=12.5, command="python x.py"))
+  assert doc["wall_seconds"] == 12.5
+  assert doc["command"] == "python x.py"
+  assert doc["config"] == {k: _as_json(v) for k, v in configs.items()}
+  with pytest.raises(ValueError, match="git_commit"):
+    res.manifest(git_commit="made up")
+
+
+@pytest.mark.parametrize("as_module", [False, True])
+def test_default_command_is_the_real_command_line(tmp_path, as_module):
+  """The command recorded without being told is the one that started the process."""
+  (tmp_path / "expmod.py").write_text(textwrap.dedent(f"""
+      import sys
+      sys.path.insert(0, {ROOT!r})
+      from cbs_jax import report
+      report.Results("exp_c", root={str(tmp_path)!r}).manifest(config={{"a": 1}})
+      """))
+  argv = ["-m", "expmod"] if as_module else ["expmod.py"]
+  out = subprocess.run([sys.executable, *argv, "--label", "two words"], cwd=str(tmp_path),
+                       capture_output=True, text=True, timeout=120)
+  assert out.returncode == 0, out.stderr
+  doc = _read(tmp_path / "exp_c" / "manifest.json")
+  want = ("python -m expmod" if as_module else "python expmod.py") + " --label 'two words'"
+  assert doc["command"] == want
+  assert doc["config"] == {"a": 1}
+
+
+def test_table_and_figure(tmp_path):
+  res = report.Results("exp_d", root=str(tmp_path))
+  rows = [dict(N=64, S=120.0, curve=[1, 2]), dict(N=256, S=None, curve=[3])]
+  md = res.table(rows, ["N", "S"], title="t", echo=False)
+  assert md.splitlines()[2:] == ["| N | S |", "|---|---|", "| 64 | 120 |", "| 256 | – |"]
+  with open(res.path(".csv")) as f:
+    got = list(csv.DictReader(f))
+  assert got[0] == {"N": "64", "S": "120.0", "curve": "[1, 2]"}
+  from cbs_jax import plots
+  fig = plots.learning_curves([dict(label="x", rollouts=[0, 1], steps=[0, 1], value=[0, 1])])
+  path = res.figure(fig)
+  with open(path, "rb") as f:
+    assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+def test_missing_manifests(tmp_path):
+  for name in ("with", "without"):
+    os.makedirs(tmp_path / name)
+  report.Results("with", root=str(tmp_path)).manifest()
+  (tmp_path / "loose_file.md").write_text("x")
+  assert report.missing_manifests(str(tmp_path)) == ["without"]
+  assert report.missing_manifests(str(tmp_path / "absent")) == []
+  with pytest.raises(ValueError):
+    report.Results("a/b", root=str(tmp_path))
+
+
+def test_every_committed_result_folder_has_a_manifest():
+  """experiments/results/<name>/ must hold a manifest.json naming its provenance."""
+  root = os.path.join(ROOT, "experiments", "results")
+  assert report.missing_manifests(root) == []
+  for name in os.listdir(root) if os.path.isdir(root) else []:
+    path = os.path.join(root, name, report.MANIFEST)
+    if os.path.exists(path):
+      doc = _read(path)
+      missing = [k for k in report.MANIFEST_KEYS if k not in doc]
+      assert not missing, f"{path} lacks {missing}"
+      assert doc["command"] and doc["git_commit"], path
