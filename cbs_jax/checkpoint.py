@@ -8,13 +8,45 @@ holding another model's checkpoint is an error naming the differing fields,
 and nothing in the workdir is touched. Saves are synchronous and atomic
 (orbax writes to a temporary directory and renames), so a run killed at any
 moment leaves the previous checkpoint intact.
+
+Multi-process runs (``jax.distributed``): every process calls ``save`` and
+``restore`` with the same step; orbax writes each array's shards from the
+process that holds them and the metadata once, from process 0. A process-
+local array (one that lives on this process's devices only, e.g. the SFT
+warm start that every process computes identically) is saved as one
+replicated global array and restored as a process-local one again.
 """
 from __future__ import annotations
 
 import os
 
 import jax
+import numpy as np
 import orbax.checkpoint as ocp
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as PS
+
+
+def _is_local(x) -> bool:
+  return (jax.process_count() > 1 and isinstance(x, jax.Array) and x.is_fully_addressable)
+
+
+def _globalize(x):
+  """A process-local array (identical on every process) as a global array
+  replicated over all devices; anything else unchanged."""
+  if not _is_local(x):
+    return x
+  mesh = jax.sharding.Mesh(np.array(jax.devices()), ("all",))
+  host = np.asarray(x)
+  return jax.make_array_from_callback(host.shape, NamedSharding(mesh, PS()),
+                                      lambda idx: host[idx])
+
+
+def _abstract(x):
+  if _is_local(x):
+    mesh = jax.sharding.Mesh(np.array(jax.devices()), ("all",))
+    return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=NamedSharding(mesh, PS()))
+  return ocp.utils.to_shape_dtype_struct(x)
 
 
 class CheckpointError(ValueError):
@@ -60,19 +92,23 @@ class Checkpointer:
 
   def save(self, step: int, state, meta: dict) -> None:
     self._mgr.save(step, args=ocp.args.Composite(
-        state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)), force=True)
+        state=ocp.args.StandardSave(jax.tree.map(_globalize, state)),
+        meta=ocp.args.JsonSave(meta)), force=True)
     self._mgr.wait_until_finished()
 
   def restore(self, step: int, like):
     """Restore ``state`` shaped like ``like`` and ``meta`` at ``step``."""
-    abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, like)
+    abstract = jax.tree.map(_abstract, like)
     try:
       out = self._mgr.restore(step, args=ocp.args.Composite(
           state=ocp.args.StandardRestore(abstract), meta=ocp.args.JsonRestore()))
     except Exception as e:
       raise CheckpointError(f"checkpoint {self.directory}/{step} could not be "
                             f"restored ({type(e).__name__}: {e})") from e
-    return out["state"], out["meta"]
+    state = jax.tree.map(  # process-local again where ``like`` was
+        lambda x, l: jax.device_put(np.asarray(x.addressable_data(0)), l.sharding)
+        if _is_local(l) else x, out["state"], like)
+    return state, out["meta"]
 
   def close(self):
     self._mgr.close()

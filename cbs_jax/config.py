@@ -136,6 +136,8 @@ def base_config() -> ConfigDict:
   c.distributed.process_id = -1           # -1 = auto-detect
   c.distributed.local_device_ids = ""     # "0,1,..." devices of this process ("" = all)
   c.distributed.initialization_timeout = 300  # seconds to wait for every process
+  c.distributed.heartbeat_timeout = 100  # seconds of silence before a process counts as dead
+                                         # (the others then stop: restart the job to resume)
 
   c.drift = ConfigDict()
   c.drift.probe_prompts = 0    # prompts per round sampled from the behaviour policy and never
@@ -256,9 +258,13 @@ def validate(c: ConfigDict) -> None:
         d.num_processes and d.process_id >= d.num_processes):
       raise ValueError(f"config.distributed.process_id={d.process_id!r} must be -1 (auto) or "
                        f"in [0, config.distributed.num_processes={d.num_processes})")
-    if not _num(c, "distributed.initialization_timeout") > 0:
-      raise ValueError(f"config.distributed.initialization_timeout must be > 0, got "
-                       f"{d.initialization_timeout!r}")
+    for f in ("initialization_timeout", "heartbeat_timeout"):
+      if not _num(c, f"distributed.{f}") > 0:
+        raise ValueError(f"config.distributed.{f} must be > 0, got {d[f]!r}")
+    ids = str(d.local_device_ids).split(",") if d.local_device_ids else []
+    if not all(i.strip().isdigit() for i in ids):
+      raise ValueError(f"config.distributed.local_device_ids={d.local_device_ids!r} must be "
+                       "'' or comma-separated device ids")
     if d.coordinator_address and ":" not in d.coordinator_address:
       raise ValueError(f"config.distributed.coordinator_address={d.coordinator_address!r} "
                        "must be 'host:port'")

@@ -201,3 +201,52 @@ def host(x) -> np.ndarray:
     from jax.experimental import multihost_utils  # pylint: disable=import-outside-toplevel
     return np.asarray(multihost_utils.process_allgather(x, tiled=True))
   return np.asarray(jax.device_get(x))
+
+
+def local_rows(x, mesh) -> np.ndarray:
+  """This process's rows (``process_rows``) of a global batch array, as numpy,
+  whatever sharding the array came with (it is first resharded by
+  ``batch_sharding``, so that each device holds whole rows)."""
+  rows = x.shape[0]
+  if not isinstance(x, jax.Array) or x.is_fully_addressable:
+    lo, hi = process_rows(mesh, rows) if jax.process_count() > 1 else (0, rows)
+    return np.asarray(x)[lo:hi]
+  x = jax.jit(lambda a: a, out_shardings=batch_sharding(mesh, rows))(x)
+  blocks = {}
+  for s in x.addressable_shards:  # replicas (tensor axis): one copy per row block
+    blocks.setdefault(s.index[0].start or 0, s.data)
+  out = np.concatenate([np.asarray(blocks[k]) for k in sorted(blocks)])
+  lo, hi = process_rows(mesh, rows)
+  if out.shape[0] != hi - lo:
+    raise AssertionError(f"local rows {out.shape[0]} != process rows [{lo}, {hi})")
+  return out
+
+
+def initialize_distributed(dc) -> None:
+  """``jax.distributed.initialize`` from ``config.distributed`` (empty / 0 /
+  -1 fields left for JAX to detect: TPU VMs, SLURM, Open MPI). Must run
+  before any JAX computation; a second call is a no-op."""
+  if jax.distributed.is_initialized():
+    return
+  kw = {}
+  if dc.coordinator_address:
+    kw["coordinator_address"] = dc.coordinator_address
+  if dc.num_processes:
+    kw["num_processes"] = int(dc.num_processes)
+  if dc.process_id >= 0:
+    kw["process_id"] = int(dc.process_id)
+  if dc.local_device_ids:
+    kw["local_device_ids"] = [int(i) for i in str(dc.local_device_ids).split(",")]
+  jax.distributed.initialize(initialization_timeout=int(dc.initialization_timeout),
+                             heartbeat_timeout_seconds=int(dc.heartbeat_timeout), **kw)
+
+
+def put(tree, shardings):
+  """``jax.device_put(tree, shardings)``, also across processes: an array that
+  lives on this process's devices only (identical on every process, e.g. a
+  warm start each process computed) goes through the host, since JAX does
+  not transfer between one process's device and another's."""
+  if jax.process_count() > 1:
+    tree = jax.tree.map(lambda x: np.asarray(x) if isinstance(x, jax.Array)
+                        and x.is_fully_addressable else x, tree)
+  return jax.device_put(tree, shardings)

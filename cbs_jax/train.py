@@ -53,6 +53,7 @@ from cbs_jax import noise
 from cbs_jax import objective
 from cbs_jax import rl
 from cbs_jax import rollouts
+from cbs_jax import sampling
 from cbs_jax import scoring
 from cbs_jax import sft
 from cbs_jax import sharding
@@ -139,9 +140,14 @@ def round_batch(config, graphdef, behaviour, ref_params, setup: Setup, rnd: int,
   problems = setup.task.sample(np.random.default_rng([config.seed, 1, rnd]), P)
   key = jax.random.fold_in(jax.random.key(config.seed), rnd)
   sc = config.sampling
-  out = rollouts.rollout(graphdef, behaviour, setup.task, setup.tok, problems, K, key,
-                         setup.layout, sc.temperature, sc.top_k, sc.top_p, mesh,
-                         tuple(sc.suppress_ids))
+  if jax.process_count() > 1:  # each process generates and verifies its own prompts
+    out = _process_rollout(config, graphdef, behaviour, setup, problems, K, key, mesh)
+    rewards = jax.device_put(out["rewards"], jax.NamedSharding(mesh, jax.P()))
+  else:
+    out = rollouts.rollout(graphdef, behaviour, setup.task, setup.tok, problems, K, key,
+                           setup.layout, sc.temperature, sc.top_k, sc.top_p, mesh,
+                           tuple(sc.suppress_ids))
+    rewards = jnp.asarray(out["rewards"])
   mask = out["completion_mask"]
   b = dict(prompt=out["prompt"], prompt_mask=out["prompt_mask"],
            completion=out["completion"], completion_mask=mask,
@@ -149,12 +155,45 @@ def round_batch(config, graphdef, behaviour, ref_params, setup: Setup, rnd: int,
   score = lambda p: _score(graphdef, p, b["prompt"], b["prompt_mask"], b["completion"],
                            mask, sc.temperature, sc.top_k, sc.top_p, tuple(sc.suppress_ids))
   values = score(behaviour).values if config.rl.advantage == "gae" else None
-  b["adv"], b["returns"] = rl.token_advantages(config.rl, jnp.asarray(out["rewards"]),
-                                               mask, values)
+  b["adv"], b["returns"] = rl.token_advantages(config.rl, rewards, mask, values)
   zeros = jnp.zeros_like(mask)
   b["old_values"] = zeros if values is None else values
   b["logp_ref"] = score(ref_params).logprobs if config.rl.kl_beta else zeros
+  if jax.process_count() > 1:  # host copies of what the metrics read
+    out = dict(out, completion_mask=sharding.host(mask), lengths=sharding.host(out["lengths"]))
   return b, out["rewards"], out
+
+
+_generate = jax.jit(sampling.generate, static_argnums=0, static_argnames=(
+    "max_new_tokens", "eos_id", "pad_id", "temperature", "top_k", "top_p", "suppress_ids"))
+
+
+def _process_rollout(config, graphdef, params, setup: Setup, problems, K, key, mesh) -> dict:
+  """``rollouts.rollout`` across processes: this process encodes, decodes and
+  verifies only the prompts whose K rollouts live on its devices
+  (``sharding.process_rows``); generation is one jitted SPMD call over the
+  global batch. Returns the batch arrays (global) and ``rewards`` [P, K]
+  gathered to every process."""
+  B, sc = len(problems) * K, config.sampling
+  lo, hi = sharding.process_rows(mesh, B)
+  if lo % K or hi % K:
+    raise ValueError(f"process {jax.process_index()} holds rollouts [{lo}, {hi}) of {B}: "
+                     f"config.batch.rollouts_per_prompt={K} must divide each process's share "
+                     "(make config.batch.num_prompts a multiple of the process count)")
+  mine = problems[lo // K:hi // K]
+  prompt, pmask = rollouts.encode_prompts(setup.tok, mine, setup.layout)
+  prompt, pmask = (sharding.global_batch(np.repeat(x, K, axis=0), mesh, B)
+                   for x in (prompt, pmask))
+  out = _generate(graphdef, params, prompt, pmask, key,
+                  max_new_tokens=setup.layout.completion_len, eos_id=setup.tok.eos_id,
+                  pad_id=setup.tok.pad_id, temperature=sc.temperature, top_k=sc.top_k,
+                  top_p=sc.top_p, suppress_ids=tuple(sc.suppress_ids))
+  texts = rollouts.decode(setup.tok, sharding.local_rows(out.tokens, mesh))
+  local = rollouts.verify(setup.task, [p for p in mine for _ in range(K)], texts)
+  rewards = sharding.host(sharding.global_batch(local, mesh, B)).reshape(-1, K)
+  return dict(prompt=prompt, prompt_mask=pmask, completion=out.tokens,
+              completion_mask=out.mask, logp_old=out.logprobs, lengths=out.lengths,
+              rewards=rewards, texts=texts)
 
 
 def probe_batch(config, graphdef, behaviour, setup: Setup, rnd: int, mesh=None):
@@ -363,7 +402,7 @@ def start_run(config, workdir: str, setup: Setup) -> Run:
   mesh = sharding.make_mesh(c.mesh.data, c.mesh.fsdp, c.mesh.tensor)  # before any compile
   graphdef, base_params, base_summary = sft_base(c, workdir, setup)
   param_sh = sharding.param_shardings(base_params, mesh, sharding.parse_rules(c.mesh.rules))
-  base_params = jax.device_put(base_params, param_sh)
+  base_params = sharding.put(base_params, param_sh)
   tx = make_optimizer(c.optim)
   copy = lambda t: jax.tree.map(jnp.copy, t)  # updates donate their params
   opt_state = sharding.shard_state(tx.init(base_params), base_params, param_sh, mesh)
@@ -387,10 +426,20 @@ def start_run(config, workdir: str, setup: Setup) -> Run:
         hysteresis=b.adaptive_hysteresis)
     if "controller" in meta:
       controller.load_state_dict(meta["controller"])
-  writer = metrics_lib.MetricsWriter(workdir, resume_round=meta["round"] + 1)
+  # metrics are written once, by process 0 (every process computes the same rows)
+  writer = (metrics_lib.MetricsWriter(workdir, resume_round=meta["round"] + 1)
+            if jax.process_index() == 0 else _NoWriter())
   leaf_groups = [gradstats.param_group(p) for p in gradstats.leaf_paths(base_params)]
   return Run(c, workdir, setup, ckpt, mesh, graphdef, base_params, base_summary, tx,
              state, meta, ema, ema_adam, controller, writer, leaf_groups)
+
+
+class _NoWriter:
+  def write(self, row):
+    pass
+
+  def close(self):
+    pass
 
 
 def evaluate(run: Run, params) -> dict:
@@ -398,6 +447,9 @@ def evaluate(run: Run, params) -> dict:
   (``eval_expected_pass``, by difficulty ``_d<k>``) where the task enumerates
   its answers, the sampled pass@1 (``eval_pass_rate``), and what each cost."""
   c, s = run.config, run.setup
+  if jax.process_count() > 1:  # every process evaluates a local replica, identically
+    local = jax.local_devices()[0]
+    params = jax.tree.map(lambda x: jax.device_put(sharding.host(x), local), params)
   row = {}
   if s.expected is not None:
     t = time.time()
@@ -580,6 +632,9 @@ def checkpoint(run: Run, r1: int) -> None:
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   """Run (or resume) training in ``workdir``; returns the end-of-run summary."""
   config = ml_collections.ConfigDict(config.to_dict())  # private copy
+  if config.distributed.enabled:  # before anything touches a device
+    config_lib.validate(config)
+    sharding.initialize_distributed(config.distributed)
   setup = prepare(config)
   os.makedirs(workdir, exist_ok=True)
   if config.mode == "sft":
@@ -636,6 +691,8 @@ def _train_rl(c, workdir, setup):
 
 
 def _write_summary(workdir, summary):
+  if jax.process_index():  # written once, by process 0
+    return
   path = os.path.join(workdir, "summary.json")
   with open(path + ".tmp", "w") as f:  # atomic: a kill never leaves a torn summary
     json.dump(summary, f, indent=2, default=float)
