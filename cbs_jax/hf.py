@@ -395,6 +395,7 @@ def load(checkpoint_dir: str, mesh=None, dtype: str = "float32", *,
     raise ValueError(f"{checkpoint_dir} has no config.json")
   hf_config = _read_json(cfg_path)
   c = model_config_from_hf(hf_config, compute_dtype or dtype, max_len)
+  c.param_dtype = dtype
   tokenizer = load_tokenizer(checkpoint_dir, c.vocab_size)
   graphdef, abstract = _abstract(c)
   shardings = {}

@@ -66,7 +66,10 @@ def default_config() -> ml_collections.ConfigDict:
   c.norm_eps = 1e-6        # RMSNorm epsilon (Hugging Face's rms_norm_eps)
   c.qkv_bias = False       # biases on the q/k/v projections (Qwen2, Qwen2.5)
   c.qk_norm = False        # RMSNorm over head_dim of each q and k head before RoPE (Qwen3)
-  c.dtype = "float32"      # compute dtype: float32 | bfloat16 (params float32)
+  c.dtype = "float32"      # compute dtype: float32 | bfloat16
+  c.param_dtype = "float32"  # stored parameter dtype: float32 | bfloat16 (``build`` makes
+                             # float32; the trainer and hf.load store this dtype, the
+                             # optimizer keeps a float32 master copy: precision.py)
   c.tie_embeddings = False  # share the embedding matrix with the LM head
   c.value_head = False     # scalar value head on the final hidden (PPO critic)
   return c
@@ -96,6 +99,8 @@ def validate_config(c: ml_collections.ConfigDict, prefix: str = "model") -> None
                      f"{c.d_model // c.num_heads} must be even for RoPE")
   if c.dtype not in DTYPES:
     raise ValueError(f"{prefix}.dtype={c.dtype!r} not in {sorted(DTYPES)}")
+  if c.get("param_dtype", "float32") not in DTYPES:
+    raise ValueError(f"{prefix}.param_dtype={c.get('param_dtype')!r} not in {sorted(DTYPES)}")
   if not c.rope_theta > 0:
     raise ValueError(f"{prefix}.rope_theta must be > 0, got {c.rope_theta!r}")
   eps = c.get("norm_eps", 1e-6)

@@ -49,8 +49,10 @@ from cbs_jax import drift
 from cbs_jax import evaluation
 from cbs_jax import gradstats
 from cbs_jax import metrics as metrics_lib
+from cbs_jax import model as model_lib
 from cbs_jax import noise
 from cbs_jax import objective
+from cbs_jax import precision
 from cbs_jax import rl
 from cbs_jax import rollouts
 from cbs_jax import sampling
@@ -64,13 +66,15 @@ class NonFiniteError(FloatingPointError):
   pass
 
 
-def make_optimizer(oc) -> optax.GradientTransformation:
-  """Adam(W) with the learning rate as an injected hyperparameter (set per update)."""
+def make_optimizer(oc, param_dtype: str = "float32") -> optax.GradientTransformation:
+  """Adam(W) with the learning rate as an injected hyperparameter (set per update);
+  for low-precision parameters, over a float32 master copy (precision.py)."""
   def make(learning_rate):
     parts = [optax.clip_by_global_norm(oc.grad_clip)] if oc.grad_clip else []
     parts.append(optax.adamw(learning_rate, b1=oc.b1, b2=oc.b2, eps=oc.eps,
                              weight_decay=oc.weight_decay))
-    return optax.chain(*parts)
+    tx = optax.chain(*parts)
+    return tx if param_dtype == "float32" else precision.master_weights(tx)
   return optax.inject_hyperparams(make)(learning_rate=oc.lr)
 
 
@@ -267,7 +271,8 @@ class RoundUpdater:
 
   def _exact_moments(self, params, mb):
     c = self.c
-    return gradstats.group_moments(params, self.graphdef, mb, self.P_mb, self.K, c.rl,
+    return gradstats.group_moments(precision.float32(params), self.graphdef, mb, self.P_mb,
+                                   self.K, c.rl,
                                    c.sampling, c.noise.chunk_prompts)
 
   def _drift_estimates(self, moments):
@@ -329,17 +334,18 @@ class RoundUpdater:
     (split moments, split moments in Adam's metric) or None)."""
     c, graphdef = self.c, self.graphdef
     params, opt_state = state["params"], state["opt_state"]
+    gparams = precision.float32(params)  # float32 gradients whatever the param dtype
     moments = None
     if split:  # raw, and in Adam's metric (before this update) once Adam has one
       metric = gradstats.adam_metric(opt_state, c.optim.b2, c.optim.eps)
       loss, grads, aux, moments = gradstats.split_grads(
-          params, graphdef, mb, self.P_mb, self.K, c.rl, c.sampling, metric=metric)
+          gparams, graphdef, mb, self.P_mb, self.K, c.rl, c.sampling, metric=metric)
       if metric is None:
         moments = (moments, None)
     else:
       counts = objective.counts_of(mb)
       (loss, aux), grads = jax.value_and_grad(objective.batch_loss, has_aux=True)(
-          params, graphdef, mb, counts, c.rl, c.sampling)
+          gparams, graphdef, mb, counts, c.rl, c.sampling)
     gnorm = optax.tree.norm(grads)
     opt_state.hyperparams["learning_rate"] = lr
     updates, new_opt = self.tx.update(grads, opt_state, params)
@@ -401,9 +407,10 @@ def start_run(config, workdir: str, setup: Setup) -> Run:
     ckpt.check_model(c.model.to_dict())  # before any compile or write
   mesh = sharding.make_mesh(c.mesh.data, c.mesh.fsdp, c.mesh.tensor)  # before any compile
   graphdef, base_params, base_summary = sft_base(c, workdir, setup)
+  base_params = precision.cast(base_params, model_lib.DTYPES[c.model.param_dtype])
   param_sh = sharding.param_shardings(base_params, mesh, sharding.parse_rules(c.mesh.rules))
   base_params = sharding.put(base_params, param_sh)
-  tx = make_optimizer(c.optim)
+  tx = make_optimizer(c.optim, c.model.param_dtype)
   copy = lambda t: jax.tree.map(jnp.copy, t)  # updates donate their params
   opt_state = sharding.shard_state(tx.init(base_params), base_params, param_sh, mesh)
   state = dict(params=copy(base_params), opt_state=opt_state,
