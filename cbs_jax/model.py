@@ -202,7 +202,26 @@ def _param(rngs: nnx.Rngs, shape, axes, std) -> nnx.Param:
   return nnx.Param(value, out_sharding=axes)
 
 
-class RMSNorm(nnx.Module):
+class Tapped(nnx.Module):
+  """Ghost-norm hooks (``ghost.py``). ``capture_taps`` is a class attribute,
+  False, so the default forward traces no tap and its graphdef is unchanged;
+  ``ghost.py`` sets it on a merged copy (``Module.set_attributes``) and runs
+  the forward under ``nnx.capture``."""
+  capture_taps = False
+
+  def _tap(self, name: str, y: Array, x: Array | None = None) -> Array:
+    """At the use of parameter ``name`` with output ``y`` (and input ``x``):
+    record ``x`` (``nnx.Intermediate``) and add a zero ``nnx.Perturbation``
+    to ``y``, whose gradient is dL/dy for every rollout at once. A no-op
+    unless ``capture_taps``."""
+    if not self.capture_taps:
+      return y
+    if x is not None:
+      self.sow(nnx.Intermediate, name, x)
+    return self.perturb(name, y)
+
+
+class RMSNorm(Tapped):
 
   def __init__(self, dim: int, eps: float = 1e-6, axis: str = "embed"):
     self.scale = nnx.Param(jnp.ones((dim,), jnp.float32), out_sharding=(axis,))
@@ -211,7 +230,31 @@ class RMSNorm(nnx.Module):
   def __call__(self, x: Array) -> Array:
     x32 = x.astype(jnp.float32)
     y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, -1, keepdims=True) + self.eps)
-    return (y * self.scale[...]).astype(x.dtype)
+    return self._tap("scale", y * self.scale[...], y).astype(x.dtype)
+
+
+def rope_sincos(positions_BxT: Array, head_dim: int, theta: float, inv_freq=None):
+  """(sin, cos) of the RoPE angles at explicit integer positions, each
+  [B, T, 1, head_dim/2] float32: computed once per forward and shared by every
+  layer (sin/cos are slow on a CPU; per layer they cost more than the cache).
+
+  ``inv_freq`` (head_dim/2 frequencies, see ``rope_inv_freq``) overrides the
+  default ``theta^(-2i/head_dim)``, e.g. for a scaled RoPE."""
+  d = head_dim
+  if inv_freq is None:
+    freq = theta ** (-jnp.arange(0, d, 2, dtype=jnp.float32) / d)
+  else:
+    freq = jnp.asarray(inv_freq, jnp.float32)
+  ang = positions_BxT.astype(jnp.float32)[..., None] * freq  # B,T,D/2
+  return jnp.sin(ang)[:, :, None, :], jnp.cos(ang)[:, :, None, :]
+
+
+def apply_rope(x_BxTxHxD: Array, sincos) -> Array:
+  """Rotary embedding (rotate-half form) given ``rope_sincos``'s angles."""
+  sin, cos = sincos
+  x1, x2 = jnp.split(x_BxTxHxD.astype(jnp.float32), 2, axis=-1)
+  out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], -1)
+  return out.astype(x_BxTxHxD.dtype)
 
 
 def rope(x_BxTxHxD: Array, positions_BxT: Array, theta: float, inv_freq=None) -> Array:
@@ -219,24 +262,16 @@ def rope(x_BxTxHxD: Array, positions_BxT: Array, theta: float, inv_freq=None) ->
 
   ``inv_freq`` (D/2 frequencies, see ``rope_inv_freq``) overrides the default
   ``theta^(-2i/D)``, e.g. for a scaled RoPE."""
-  d = x_BxTxHxD.shape[-1]
-  if inv_freq is None:
-    freq = theta ** (-jnp.arange(0, d, 2, dtype=jnp.float32) / d)
-  else:
-    freq = jnp.asarray(inv_freq, jnp.float32)
-  ang = positions_BxT.astype(jnp.float32)[..., None] * freq  # B,T,D/2
-  sin, cos = jnp.sin(ang)[:, :, None, :], jnp.cos(ang)[:, :, None, :]
-  x1, x2 = jnp.split(x_BxTxHxD.astype(jnp.float32), 2, axis=-1)
-  out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], -1)
-  return out.astype(x_BxTxHxD.dtype)
+  return apply_rope(x_BxTxHxD, rope_sincos(positions_BxT, x_BxTxHxD.shape[-1], theta,
+                                           inv_freq))
 
 
 class LayerCache(NamedTuple):
-  k: Array  # B,S,KVH,Dh
-  v: Array  # B,S,KVH,Dh
+  k: Array  # B,KVH,S,Dh (head-major: a head's slots are contiguous)
+  v: Array  # B,KVH,S,Dh
 
 
-class Attention(nnx.Module):
+class Attention(Tapped):
 
   def __init__(self, c, rngs: nnx.Rngs):
     d, h, kv = c.d_model, c.num_heads, c.num_kv_heads
@@ -262,44 +297,53 @@ class Attention(nnx.Module):
     self.q_norm = RMSNorm(dh, eps, axis="head_dim") if qk_norm else None
     self.k_norm = RMSNorm(dh, eps, axis="head_dim") if qk_norm else None
 
-  def __call__(self, x_BxTxD, positions_BxT, kv_mask_BxS, cache, cache_index):
+  def __call__(self, x_BxTxD, sincos, kv_mask_BxS, cache, cache_index):
+    """``sincos``: ``rope_sincos`` of the T new tokens' positions."""
     dt = x_BxTxD.dtype
     B, T, _ = x_BxTxD.shape
-    q = jnp.einsum("btd,dhk->bthk", x_BxTxD, self.wq[...].astype(dt))
-    k = jnp.einsum("btd,dhk->bthk", x_BxTxD, self.wk[...].astype(dt))
-    v = jnp.einsum("btd,dhk->bthk", x_BxTxD, self.wv[...].astype(dt))
+    KV, G, Dh = self.num_kv_heads, self.num_heads // self.num_kv_heads, self.head_dim
+    x = x_BxTxD
+    q = self._tap("wq", jnp.einsum("btd,dhk->bthk", x, self.wq[...].astype(dt)), x)
+    k = self._tap("wk", jnp.einsum("btd,dhk->bthk", x, self.wk[...].astype(dt)), x)
+    v = self._tap("wv", jnp.einsum("btd,dhk->bthk", x, self.wv[...].astype(dt)), x)
     if self.bq is not None:
-      q, k, v = (q + self.bq[...].astype(dt), k + self.bk[...].astype(dt),
-                 v + self.bv[...].astype(dt))
+      q = self._tap("bq", q + self.bq[...].astype(dt))
+      k = self._tap("bk", k + self.bk[...].astype(dt))
+      v = self._tap("bv", v + self.bv[...].astype(dt))
     if self.q_norm is not None:
       q, k = self.q_norm(q), self.k_norm(k)
-    inv_freq = rope_inv_freq(self.head_dim, self.theta, self.rope_scaling)
-    q = rope(q, positions_BxT, self.theta, inv_freq)
-    k = rope(k, positions_BxT, self.theta, inv_freq)
+    q, k = apply_rope(q, sincos), apply_rope(k, sincos)
+    # head-major layout, batch dims leading: [B, KV, rows, Dh] with the G query
+    # heads of a key/value head stacked along the rows (row = g * T + t). XLA's
+    # CPU dot is fast on this layout and ~30x slower on [B, T, KV, G, Dh].
+    q = q.reshape(B, T, KV, G, Dh).transpose(0, 2, 3, 1, 4).reshape(B, KV, G * T, Dh)
+    k = k.transpose(0, 2, 1, 3)
+    v = v.transpose(0, 2, 1, 3)
     if cache is None:
       keys, vals, start = k, v, 0
     else:
       keys = jax.lax.dynamic_update_slice(cache.k, k.astype(cache.k.dtype),
-                                          (0, cache_index, 0, 0))
+                                          (0, 0, cache_index, 0))
       vals = jax.lax.dynamic_update_slice(cache.v, v.astype(cache.v.dtype),
-                                          (0, cache_index, 0, 0))
+                                          (0, 0, cache_index, 0))
       cache = LayerCache(keys, vals)
       start = cache_index
-    S = keys.shape[1]
-    g = self.num_heads // self.num_kv_heads
-    qg = q.reshape(B, T, self.num_kv_heads, g, self.head_dim)
-    scores = jnp.einsum("btkgd,bskd->bkgts", qg, keys.astype(dt))
-    scores = scores.astype(jnp.float32) / math.sqrt(self.head_dim)
-    q_slot = start + jnp.arange(T)
-    allowed = (jnp.arange(S)[None, :] <= q_slot[:, None])[None] & kv_mask_BxS[:, None, :]
-    scores = jnp.where(allowed[:, None, None], scores, _NEG_INF)
+    S = keys.shape[2]
+    scores = jnp.einsum("bkqd,bksd->bkqs", q, keys.astype(dt))
+    scores = scores.astype(jnp.float32) * (1.0 / math.sqrt(Dh))
+    q_slot = start + jnp.tile(jnp.arange(T), G)                        # [G*T]
+    allowed = ((jnp.arange(S)[None, :] <= q_slot[:, None])[None, None]
+               & kv_mask_BxS[:, None, None, :])                         # B,1,G*T,S
+    scores = jnp.where(allowed, scores, _NEG_INF)
     probs = jax.nn.softmax(scores, axis=-1).astype(dt)
-    out = jnp.einsum("bkgts,bskd->btkgd", probs, vals.astype(dt))
-    out = out.reshape(B, T, self.num_heads, self.head_dim)
-    return jnp.einsum("bthk,hkd->btd", out, self.wo[...].astype(dt)), cache
+    out = jnp.einsum("bkqs,bksd->bkqd", probs, vals.astype(dt))        # B,KV,G*T,Dh
+    out = out.reshape(B, KV, G, T, Dh).transpose(0, 3, 1, 2, 4).reshape(
+        B, T, self.num_heads, Dh)
+    y = jnp.einsum("bthk,hkd->btd", out, self.wo[...].astype(dt))
+    return self._tap("wo", y, out), cache
 
 
-class SwiGLU(nnx.Module):
+class SwiGLU(Tapped):
 
   def __init__(self, c, rngs: nnx.Rngs):
     d, f = c.d_model, c.d_ff
@@ -310,8 +354,10 @@ class SwiGLU(nnx.Module):
 
   def __call__(self, x):
     dt = x.dtype
-    h = jax.nn.silu(x @ self.w_gate[...].astype(dt)) * (x @ self.w_up[...].astype(dt))
-    return h @ self.w_down[...].astype(dt)
+    gate = self._tap("w_gate", x @ self.w_gate[...].astype(dt), x)
+    up = self._tap("w_up", x @ self.w_up[...].astype(dt), x)
+    h = jax.nn.silu(gate) * up
+    return self._tap("w_down", h @ self.w_down[...].astype(dt), h)
 
 
 class Block(nnx.Module):
@@ -323,8 +369,8 @@ class Block(nnx.Module):
     self.mlp_norm = RMSNorm(c.d_model, eps)
     self.mlp = SwiGLU(c, rngs)
 
-  def __call__(self, x, positions, kv_mask, cache, cache_index):
-    a, cache = self.attn(self.attn_norm(x), positions, kv_mask, cache, cache_index)
+  def __call__(self, x, sincos, kv_mask, cache, cache_index):
+    a, cache = self.attn(self.attn_norm(x), sincos, kv_mask, cache, cache_index)
     x = x + a
     return x + self.mlp(self.mlp_norm(x)), cache
 
@@ -335,7 +381,7 @@ class Output(NamedTuple):
   cache: Any             # tuple of LayerCache or None
 
 
-class Transformer(nnx.Module):
+class Transformer(Tapped):
   """Decoder-only policy (and optional critic)."""
 
   def __init__(self, c: ml_collections.ConfigDict, rngs: nnx.Rngs):
@@ -352,25 +398,32 @@ class Transformer(nnx.Module):
 
   def __call__(self, tokens_BxT: Array, positions_BxT: Array, kv_mask_BxS: Array,
                cache=None, cache_index=0) -> Output:
-    x = self.embed[...][tokens_BxT].astype(self.dtype)
+    x = self._tap("embed", self.embed[...][tokens_BxT].astype(self.dtype))
+    a = self.blocks[0].attn
+    sincos = rope_sincos(positions_BxT, a.head_dim, a.theta,
+                         rope_inv_freq(a.head_dim, a.theta, a.rope_scaling))
     new_cache = []
     for i, block in enumerate(self.blocks):
-      x, lc = block(x, positions_BxT, kv_mask_BxS,
+      x, lc = block(x, sincos, kv_mask_BxS,
                     None if cache is None else cache[i], cache_index)
       new_cache.append(lc)
     h = self.final_norm(x)
-    head = self.embed[...].T if self.lm_head is None else self.lm_head[...]
-    logits = (h @ head.astype(self.dtype)).astype(jnp.float32)
+    if self.lm_head is None:  # tied: the embedding table is the head
+      logits = self._tap("embed_head", h @ self.embed[...].T.astype(self.dtype), h)
+    else:
+      logits = self._tap("lm_head", h @ self.lm_head[...].astype(self.dtype), h)
+    logits = logits.astype(jnp.float32)
     values = None
     if self.value is not None:
-      values = (h.astype(jnp.float32) @ self.value[...])[..., 0]
+      h32 = h.astype(jnp.float32)
+      values = self._tap("value", h32 @ self.value[...], h32)[..., 0]
     return Output(logits, values, None if cache is None else tuple(new_cache))
 
 
 def init_cache(c, batch: int, slots: int) -> tuple:
-  """Zeroed KV cache: one LayerCache of shape [batch, slots, kv_heads, head_dim]."""
+  """Zeroed KV cache: one LayerCache of shape [batch, kv_heads, slots, head_dim]."""
   dh = head_dim_of(c)
-  shape = (batch, slots, c.num_kv_heads, dh)
+  shape = (batch, c.num_kv_heads, slots, dh)
   dt = DTYPES[c.dtype]
   return tuple(LayerCache(jnp.zeros(shape, dt), jnp.zeros(shape, dt))
                for _ in range(c.num_layers))

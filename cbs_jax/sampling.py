@@ -8,19 +8,32 @@ ratios compare like with like):
 Prompt positions count from the first real token (``positions_from_mask``),
 so the padding a prompt got does not change anything it produces. The
 completion mask covers every sampled token up to and including the first
-EOS; tokens after it are ``pad_id`` with mask 0 and log-prob 0.
+EOS; tokens after it are ``pad_id`` with mask 0 and log-prob 0. With
+``eos_id=None`` nothing stops early: every row gets all Tc tokens.
 
-``generate`` is one jitted function: a prefill over the prompt writes KV
-slots ``[0, Tp)``, then a ``lax.while_loop`` samples one token per step into
-slot ``Tp + t`` of a preallocated, donated cache, and stops early once every
-sequence has emitted EOS. The log-probs it returns are those of the
-distribution actually sampled from (temperature, top-k and top-p applied):
-the behaviour log-probs GRPO's importance ratios need. ``scoring.score``
-recomputes the same quantity by teacher forcing.
+``make_sampler`` builds one jitted function (no host work, no checks: for
+timing and for callers that hold device arrays); ``generate`` validates its
+arguments and calls a cached one. Inside: a prefill over the prompt writes KV
+slots ``[0, Tp)``, then decoding samples one token per step into slot
+``Tp + t``. The decode steps are split into a few segments (length buckets,
+``segment_bounds``): segment j runs as a ``lax.while_loop`` over a KV cache
+of exactly ``Tp + t_j`` slots (t_j its last step), and the cache is padded to
+the next bucket between segments, so attention reads only the slots written
+so far rounded up to the bucket, not the whole preallocated cache. A segment's
+loop stops early once every sequence has emitted EOS. The last token is
+sampled without a forward over it.
+
+Tokens are drawn by inverse-CDF sampling (``sample_tokens``: one uniform per
+row, not one per vocabulary entry as Gumbel-max needs), exactly from the
+processed distribution. The log-probs returned are those of the distribution
+actually sampled from (temperature, top-k and top-p applied): the behaviour
+log-probs GRPO's importance ratios need. ``scoring.score`` recomputes the same
+quantity by teacher forcing.
 """
 from __future__ import annotations
 
 import functools
+import operator
 from typing import NamedTuple, Sequence
 
 import jax
@@ -75,82 +88,185 @@ def _check_tokens(name: str, tokens, vocab_size: int):
                      f"[0, {vocab_size})")
 
 
+def sample_tokens(key, logp_BxV: Array) -> Array:
+  """One token per row from ``exp(logp_BxV)`` by inverse-CDF sampling: the
+  first index whose cumulative probability exceeds ``u * total``, u ~ U[0, 1)
+  (one uniform per row). Zero-probability tokens (masked by top-k / top-p /
+  suppression) are never drawn."""
+  u = jax.random.uniform(key, logp_BxV.shape[:-1] + (1,), jnp.float32)
+  return tokens_from_uniform(u, logp_BxV)
+
+
+def tokens_from_uniform(u_Bx1: Array, logp_BxV: Array) -> Array:
+  """``sample_tokens`` given its uniforms ``u_Bx1`` in [0, 1)."""
+  p = jnp.exp(logp_BxV.astype(jnp.float32))
+  cdf = jnp.cumsum(p, axis=-1)
+  tok = jnp.sum(cdf <= u_Bx1 * cdf[..., -1:], axis=-1)
+  V = p.shape[-1]
+  # u * total can round up to the total: fall back to the last token of
+  # non-zero probability (never a masked one)
+  last = V - 1 - jnp.argmax((p > 0)[..., ::-1], axis=-1)
+  return jnp.minimum(tok, last).astype(jnp.int32)
+
+
+def segment_bounds(max_new_tokens: int, segments: int = 0) -> tuple:
+  """Last-step bounds ``(t_1, ..., t_m = max_new_tokens)`` of the decode
+  segments (length buckets). ``segments`` = 0: automatic, up to 4 segments of
+  at least 8 steps (one compiled loop body each)."""
+  if isinstance(segments, bool) or not isinstance(segments, (int, np.integer)) or segments < 0:
+    raise ValueError(f"decode_segments must be an integer >= 0 (0 = automatic), "
+                     f"got {segments!r}")
+  n = int(segments) or max(1, min(4, max_new_tokens // 8))
+  n = min(n, max_new_tokens)
+  step = -(-max_new_tokens // n)
+  return tuple(min(max_new_tokens, step * (j + 1)) for j in range(n)
+               if step * j < max_new_tokens)
+
+
+_CONFIGS: dict = {}
+
+
+def _config(graphdef, params):
+  """The model config of ``graphdef`` (cached: ``config_of`` merges a module)."""
+  try:
+    return _CONFIGS[graphdef]
+  except KeyError:
+    cfg = model_lib.config_of(graphdef, params)
+    if len(_CONFIGS) > 64:
+      _CONFIGS.clear()
+    _CONFIGS[graphdef] = cfg
+    return cfg
+  except TypeError:  # unhashable
+    return model_lib.config_of(graphdef, params)
+
+
 def generate(graphdef, params, prompt_BxTp, prompt_mask_BxTp, key, *,
-             max_new_tokens: int, eos_id: int, pad_id: int,
+             max_new_tokens: int, eos_id: int | None, pad_id: int,
              temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
-             suppress_ids: Sequence[int] = ()) -> SampleOutput:
+             suppress_ids: Sequence[int] = (), decode_segments: int = 0) -> SampleOutput:
   """Sample completions for a batch of left-padded prompts (see module doc).
-  ``suppress_ids``: token ids never sampled (``scoring.process_logits``)."""
+
+  ``eos_id=None``: no early stop, every row samples ``max_new_tokens`` tokens.
+  ``suppress_ids``: token ids never sampled (``scoring.process_logits``).
+  ``decode_segments``: number of KV-cache length buckets (``segment_bounds``; 0 = automatic)."""
   check_sampling_args(max_new_tokens, temperature, top_k, top_p)
-  cfg = model_lib.config_of(graphdef, params)
+  cfg = _config(graphdef, params)
   _check_tokens("prompt_BxTp", prompt_BxTp, cfg["vocab_size"])
   for name, v in (("eos_id", eos_id), ("pad_id", pad_id)):
-    if not 0 <= int(v) < cfg["vocab_size"]:
-      raise ValueError(f"{name}={v} outside the vocabulary [0, {cfg['vocab_size']})")
+    if name == "eos_id" and v is None:
+      continue
+    try:
+      ok = not isinstance(v, bool) and 0 <= operator.index(v) < cfg["vocab_size"]
+    except TypeError:
+      ok = False
+    if not ok:
+      raise ValueError(f"{name}={v!r} is not a token id in the vocabulary "
+                       f"[0, {cfg['vocab_size']})" + (" (None: eos_id only)" if v is None else ""))
   if not isinstance(prompt_mask_BxTp, jax.core.Tracer):
     pm = np.asarray(prompt_mask_BxTp)
     if pm.size and not pm[:, -1].all():
       raise ValueError("prompt_mask_BxTp: prompts must be left-padded with at least one "
                        "real token (its last column all True)")
-  B, Tp = prompt_BxTp.shape
+  B, Tp = np.shape(prompt_BxTp)
   if Tp + max_new_tokens > cfg["max_len"]:
     raise ValueError(f"prompt length {Tp} + max_new_tokens {max_new_tokens} "
                      f"exceeds the KV cache (model.max_len={cfg['max_len']})")
-  cache = model_lib.init_cache(cfg, B, Tp + max_new_tokens)
-  out, _ = _generate(graphdef, params, jnp.asarray(prompt_BxTp).astype(jnp.int32),
-                     jnp.asarray(prompt_mask_BxTp).astype(bool), key, cache,
-                     max_new_tokens=int(max_new_tokens), eos_id=int(eos_id),
-                     pad_id=int(pad_id), temperature=float(temperature),
-                     top_k=int(top_k), top_p=float(top_p),
-                     suppress_ids=tuple(int(i) for i in suppress_ids))
-  return out
+  sampler = make_sampler(graphdef, max_new_tokens=int(max_new_tokens), eos_id=eos_id,
+                         pad_id=pad_id, temperature=temperature, top_k=top_k, top_p=top_p,
+                         suppress_ids=suppress_ids, decode_segments=decode_segments)
+  return sampler(params, jnp.asarray(prompt_BxTp, jnp.int32),
+                 jnp.asarray(prompt_mask_BxTp, bool), key)
 
 
-@functools.partial(
-    jax.jit, donate_argnames=("cache",),
-    static_argnames=("graphdef", "max_new_tokens", "eos_id", "pad_id",
-                     "temperature", "top_k", "top_p", "suppress_ids"))
-def _generate(graphdef, params, prompt, prompt_mask, key, cache, *,
-              max_new_tokens, eos_id, pad_id, temperature, top_k, top_p, suppress_ids):
-  B, Tp = prompt.shape
-  S = Tp + max_new_tokens
-  kv_mask = jnp.zeros((B, S), bool).at[:, :Tp].set(prompt_mask)
-  out = model_lib.apply(graphdef, params, prompt, positions_from_mask(prompt_mask),
-                        kv_mask, cache, 0)
-  plen = prompt_mask.sum(-1).astype(jnp.int32)
-  init = dict(t=jnp.int32(0), logits=out.logits[:, -1], cache=out.cache,
-              kv_mask=kv_mask, done=jnp.zeros((B,), bool),
-              tokens=jnp.full((B, max_new_tokens), pad_id, jnp.int32),
-              logprobs=jnp.zeros((B, max_new_tokens), jnp.float32), key=key)
+def make_sampler(graphdef, *, max_new_tokens: int, eos_id: int | None, pad_id: int,
+                 temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
+                 suppress_ids: Sequence[int] = (), decode_segments: int = 0):
+  """The jitted sampler ``fn(params, prompt_BxTp, prompt_mask_BxTp, key) ->
+  SampleOutput`` (arguments as ``generate``'s; int32 prompt, bool mask). No
+  argument checks and no host work per call beyond jit's dispatch: the entry
+  point for timing and for callers that hold device arrays. Cached per
+  (graphdef, settings)."""
+  return _make_sampler(graphdef, int(max_new_tokens),
+                       None if eos_id is None else operator.index(eos_id),
+                       operator.index(pad_id),
+                       float(temperature), int(top_k), float(top_p),
+                       tuple(int(i) for i in suppress_ids),
+                       segment_bounds(int(max_new_tokens), decode_segments))
 
-  def cond(s):
-    return (s["t"] < max_new_tokens) & ~jnp.all(s["done"])
 
-  def body(s):
-    t = s["t"]
-    key, sub = jax.random.split(s["key"])
-    logp_all = process_logits(s["logits"], temperature, top_k, top_p, suppress_ids)
-    tok = jax.random.categorical(sub, logp_all).astype(jnp.int32)
-    lp = jnp.take_along_axis(logp_all, tok[:, None], -1)[:, 0]
-    live = ~s["done"]
-    tok = jnp.where(live, tok, pad_id)
-    lp = jnp.where(live, lp, 0.0)
-    kv_mask = jax.lax.dynamic_update_slice(s["kv_mask"], live[:, None], (0, Tp + t))
-    o = model_lib.apply(graphdef, params, tok[:, None], (plen + t)[:, None],
-                        kv_mask, s["cache"], Tp + t)
-    return dict(
-        t=t + 1, logits=o.logits[:, 0], cache=o.cache, kv_mask=kv_mask,
-        done=s["done"] | (tok == eos_id),
-        tokens=jax.lax.dynamic_update_slice(s["tokens"], tok[:, None], (0, t)),
-        logprobs=jax.lax.dynamic_update_slice(s["logprobs"], lp[:, None], (0, t)),
-        key=key)
+@functools.lru_cache(maxsize=64)
+def _make_sampler(graphdef, max_new_tokens, eos_id, pad_id, temperature, top_k, top_p,
+                  suppress_ids, bounds):
+  Tc = max_new_tokens
 
-  s = jax.lax.while_loop(cond, body, init)
-  # a sequence's valid tokens are those sampled while it was live: up to EOS.
-  live_len = jnp.where(
-      jnp.any(s["tokens"] == eos_id, -1),
-      jnp.argmax(s["tokens"] == eos_id, -1) + 1, s["t"])
-  mask = jnp.arange(max_new_tokens)[None] < live_len[:, None]
-  # the cache is returned so that its donated buffer is updated in place.
-  return SampleOutput(s["tokens"], mask.astype(jnp.float32),
-                      live_len.astype(jnp.int32), s["logprobs"]), s["cache"]
+  def process(logits):
+    return process_logits(logits, temperature, top_k, top_p, suppress_ids)
+
+  def sampler(params, prompt, prompt_mask, key):
+    cfg = model_lib.config_of(graphdef, params)  # trace time only
+    B, Tp = prompt.shape
+    plen = prompt_mask.sum(-1).astype(jnp.int32)
+    cache = model_lib.init_cache(cfg, B, Tp + bounds[0])
+    kv_mask = jnp.concatenate([prompt_mask, jnp.zeros((B, bounds[0]), bool)], 1)
+    out = model_lib.apply(graphdef, params, prompt, positions_from_mask(prompt_mask),
+                          kv_mask, cache, 0)
+    s = dict(t=jnp.int32(0), logits=out.logits[:, -1], cache=out.cache,
+             done=jnp.zeros((B,), bool),
+             tokens=jnp.full((B, Tc), pad_id, jnp.int32),
+             logprobs=jnp.zeros((B, Tc), jnp.float32), key=key)
+
+    def sample(s):
+      """Sample token t from s["logits"] into s; returns (token, new s)."""
+      key, sub = jax.random.split(s["key"])
+      logp_all = process(s["logits"])
+      tok = sample_tokens(sub, logp_all)
+      lp = jnp.take_along_axis(logp_all, tok[:, None], -1)[:, 0]
+      done = s["done"]
+      if eos_id is not None:
+        tok = jnp.where(done, pad_id, tok)
+        lp = jnp.where(done, 0.0, lp)
+        done = done | (tok == eos_id)
+      t = s["t"]
+      return tok, dict(s, key=key, done=done,
+                       tokens=jax.lax.dynamic_update_slice(s["tokens"], tok[:, None], (0, t)),
+                       logprobs=jax.lax.dynamic_update_slice(s["logprobs"], lp[:, None],
+                                                             (0, t)))
+
+    for j, t1 in enumerate(bounds):
+      S = Tp + t1
+      if j:  # next length bucket: pad every layer's cache to S slots
+        grow = lambda x: jnp.pad(x, ((0, 0), (0, 0), (0, S - x.shape[2]), (0, 0)))
+        s = dict(s, cache=jax.tree.map(grow, s["cache"]))
+      # generated slots count as valid keys: causality limits each query to
+      # slots <= its own, and rows that are done are discarded
+      kv_mask = jnp.concatenate([prompt_mask, jnp.ones((B, t1), bool)], 1)
+      last = t1 == Tc  # the final token needs no forward: stop one step early
+      stop = t1 - 1 if last else t1
+
+      def body(s, kv_mask=kv_mask):
+        tok, s = sample(s)
+        t = s["t"]
+        o = model_lib.apply(graphdef, params, tok[:, None], (plen + t)[:, None], kv_mask,
+                            s["cache"], Tp + t)
+        return dict(s, t=t + 1, logits=o.logits[:, 0], cache=o.cache)
+
+      if eos_id is None:
+        s = jax.lax.fori_loop(0, stop - (0 if j == 0 else bounds[j - 1]),
+                              lambda i, s: body(s), s)
+      else:
+        s = jax.lax.while_loop(lambda s, stop=stop: (s["t"] < stop) & ~jnp.all(s["done"]),
+                               body, s)
+    _, s = sample(s)  # token Tc - 1 (or a pad row once every row is done)
+    t_end = s["t"] + 1
+    if eos_id is None:
+      mask = jnp.ones((B, Tc), jnp.float32)
+      return SampleOutput(s["tokens"], mask, jnp.full((B,), Tc, jnp.int32), s["logprobs"])
+    is_eos = s["tokens"] == eos_id
+    # a sequence's valid tokens are those sampled while it was live: up to EOS
+    live_len = jnp.where(jnp.any(is_eos, -1), jnp.argmax(is_eos, -1) + 1,
+                         jnp.minimum(t_end, Tc))
+    mask = jnp.arange(Tc)[None] < live_len[:, None]
+    return SampleOutput(s["tokens"], mask.astype(jnp.float32), live_len.astype(jnp.int32),
+                        s["logprobs"])
+
+  return jax.jit(sampler)

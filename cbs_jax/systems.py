@@ -44,12 +44,14 @@ Round (``round_time``), N rollouts of prompt length Tp, completion length Tc:
   prefill: FLOPs = N (2 A Tp + 2 L d_attn Tp (Tp + 1))   (causal: position i
            attends i + 1 keys, sum = Tp (Tp + 1) / 2), bytes = R A w_bytes +
            N Tp kv_tok (the cache written), time = roofline max as above;
-  decode:  Tc steps (cbs_jax's sampler feeds each sampled token back, so a
-           completion of Tc tokens costs Tc steps after the prefill); step
-           t = 0..Tc-1 attends Tp + t + 1 positions (``full_cache=True``: all
-           Tp + Tc preallocated slots, as cbs_jax's dense masked sampler
-           does). If the KV cache of N sequences does not fit next to the
-           weights, decoding runs in ceil(N / b_max) equal waves;
+  decode:  Tc - 1 forward steps (the prefill's last logits give token 0;
+           cbs_jax's sampler feeds each sampled token back, and the last one
+           needs no forward); step t = 0..Tc-2 forwards token t, which
+           attends Tp + t + 1 positions (``full_cache=True``: all Tp + Tc
+           slots, as a dense masked sampler does; cbs_jax's sampler attends
+           its length bucket, ``sampling.segment_bounds``, in between). If
+           the KV cache of N sequences does not fit next to the weights,
+           decoding runs in ceil(N / b_max) equal waves;
   train:   the update teacher-forces every rollout's whole sequence,
            T = Tp + Tc tokens (prompt tokens carry no loss but the backward
            pass runs through them: completion tokens attend to their keys):
@@ -78,6 +80,10 @@ Units: FLOP, FLOP/s, bytes, bytes/s, seconds, tokens, rollouts.
 ``calibrate_cpu`` measures this machine's float32 matmul FLOP/s and memory
 read bandwidth with jax (one run, a few seconds): the "cpu" entry, so that a
 prediction for the current CPU is a measured number, not a spec sheet.
+``MatmulProbe`` / ``BandwidthProbe`` time one call each, for benchmarks that
+interleave them with the work they measure (medians over a shared machine's
+load). ``generation_roofline`` is the bound for one ``sampling.generate``
+call: prefill + decode of ``batch`` sequences.
 """
 from __future__ import annotations
 
@@ -197,46 +203,87 @@ def _check_parallel(parallel: str) -> None:
 
 # ----------------------------------------------------------------- calibration
 
-def _best_seconds(fn, arg, reps: int) -> float:
-  fn(arg).block_until_ready()  # compile and warm up
-  best = float("inf")
-  for _ in range(reps):
+class MatmulProbe:
+  """Times one ``n``-square matmul in ``dtype`` (2 n^3 FLOP) on ``device``
+  (default: jax's first device). ``probe()`` -> seconds of one call (the
+  first call compiles and is not timed); ``flops(seconds)`` -> FLOP/s."""
+
+  def __init__(self, n: int = 2048, dtype: str = "float32", device=None):
+    import jax
+    import jax.numpy as jnp
+    self.n = n
+    dev = device or jax.devices()[0]
+    a = jax.device_put(jax.random.normal(jax.random.key(0), (n, n), jnp.float32), dev)
+    self._a = a.astype(dtype)
+    self._f = jax.jit(lambda x: x @ x)
+    self._f(self._a).block_until_ready()
+
+  def probe(self) -> float:
     t = time.perf_counter()
-    fn(arg).block_until_ready()
-    best = min(best, time.perf_counter() - t)
-  return best
+    self._f(self._a).block_until_ready()
+    return time.perf_counter() - t
+
+  def flops(self, seconds: float) -> float:
+    return 2.0 * self.n ** 3 / seconds
 
 
-def calibrate_cpu(matmul_n: int = 1536, bandwidth_mib: int = 256, reps: int = 3
+class BandwidthProbe:
+  """Times one full read of a float32 array of ``mib`` MiB (a sum over it:
+  every byte read once, as decoding reads weights and KV cache; far larger
+  than the CPU caches). ``probe()`` -> seconds; ``bandwidth(s)`` -> bytes/s."""
+
+  def __init__(self, mib: int = 256, device=None):
+    import jax
+    import jax.numpy as jnp
+    self.nbytes = mib * 2 ** 20
+    dev = device or jax.devices()[0]
+    self._x = jax.device_put(jnp.ones((self.nbytes // 4,), jnp.float32), dev)
+    # rows summed separately: every core streams its share (one flat
+    # reduction can run on a single thread and measure a core, not the chip)
+    self._f = jax.jit(lambda x: x.reshape(64, -1).sum(1))
+    self._f(self._x).block_until_ready()
+
+  def probe(self) -> float:
+    t = time.perf_counter()
+    self._f(self._x).block_until_ready()
+    return time.perf_counter() - t
+
+  def bandwidth(self, seconds: float) -> float:
+    return self.nbytes / seconds
+
+
+def _physical_memory() -> float:
+  try:
+    return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+  except (ValueError, OSError, AttributeError):
+    return 8.0 * GIB
+
+
+def measured_accelerator(flops: float, bandwidth: float, name: str = "cpu",
+                         dtype: str = "float32", source: str = "") -> Accelerator:
+  """An ``Accelerator`` from measured FLOP/s and bytes/s (memory: this host's RAM)."""
+  return Accelerator(name, float(flops), float(bandwidth), _physical_memory(), dtype=dtype,
+                     source=source or "measured on this machine")
+
+
+def calibrate_cpu(matmul_n: int = 2048, bandwidth_mib: int = 256, reps: int = 3
                   ) -> Accelerator:
   """Measure this machine's roofline with jax, in one run.
 
   FLOP/s: best of ``reps`` timings of a float32 ``matmul_n``-square matmul
-  (2 n^3 FLOP). Bandwidth: best of ``reps`` timings of a full sum over a
-  float32 array of ``bandwidth_mib`` MiB (a read of every byte, as decoding
-  reads its weights; far larger than the caches). Memory: physical RAM.
-  The default sizes take ~1-2 s on 2 cores. Other processes sharing the
-  cores lower both numbers; the best timing is the least disturbed one.
+  (2 n^3 FLOP). Bandwidth: best of ``reps`` timings of a full read of a
+  float32 array of ``bandwidth_mib`` MiB (``BandwidthProbe``). Memory:
+  physical RAM. The default sizes take ~1-2 s on 2 cores. Other processes
+  sharing the cores lower both numbers; the best timing is the least
+  disturbed one.
   """
   import jax
-  import jax.numpy as jnp
-
   dev = jax.devices("cpu")[0]
-  with jax.default_device(dev):
-    a = jax.random.normal(jax.random.key(0), (matmul_n, matmul_n), jnp.float32)
-    mm = jax.jit(lambda x: x @ x)
-    flops = 2.0 * matmul_n ** 3 / _best_seconds(mm, a, reps)
-    n = bandwidth_mib * 2 ** 20 // 4
-    x = jnp.ones((n,), jnp.float32)
-    total = jax.jit(jnp.sum)
-    bw = 4.0 * n / _best_seconds(total, x, reps)
-  try:
-    mem = float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
-  except (ValueError, OSError, AttributeError):
-    mem = 8.0 * GIB
-  return Accelerator("cpu", flops, bw, mem, dtype="float32",
-                     source=f"calibrate_cpu(): {matmul_n}^2 f32 matmul, "
-                            f"{bandwidth_mib} MiB f32 sum, on this machine")
+  mm, bw = MatmulProbe(matmul_n, "float32", dev), BandwidthProbe(bandwidth_mib, dev)
+  flops = mm.flops(min(mm.probe() for _ in range(reps)))
+  band = bw.bandwidth(min(bw.probe() for _ in range(reps)))
+  return measured_accelerator(flops, band, source=f"calibrate_cpu(): {matmul_n}^2 f32 matmul, "
+                                                  f"{bandwidth_mib} MiB f32 read, on this machine")
 
 
 @functools.lru_cache(maxsize=1)
@@ -448,9 +495,10 @@ class RoundCost:
   train_s: float
   waves: int                 # sequential decode waves (KV-cache memory)
   decode_compute_steps: int  # decode steps (of one wave) that are compute-bound
-  decode_steps: int          # decode steps per wave (Tc)
+  decode_steps: int          # decode forward steps per wave (Tc - 1)
   train_flops: float
   gen_flops: float
+  gen_bytes: float = 0.0     # bytes moved by prefill + decode (all waves)
 
   @property
   def gen_s(self) -> float:
@@ -510,7 +558,8 @@ def round_time(model: Any, accelerator: Any, n: int, prompt_len: int, completion
   pf_bytes = wbytes + b * Tp * kv_tok
   prefill = max(pf_flops / peak, pf_bytes / bw)
 
-  ctx = np.full(Tc, float(Tp + Tc)) if full_cache else Tp + 1.0 + np.arange(Tc)
+  steps = Tc - 1  # token 0 comes from the prefill's logits
+  ctx = np.full(steps, float(Tp + Tc)) if full_cache else Tp + 1.0 + np.arange(steps)
   st_flops = b * (2.0 * dims.active_params + 4.0 * dims.num_layers * dims.d_attn * ctx)
   st_bytes = wbytes + b * ctx * kv_tok
   comp, memt = st_flops / peak, st_bytes / bw
@@ -519,8 +568,9 @@ def round_time(model: Any, accelerator: Any, n: int, prompt_len: int, completion
   tf = train_flops(dims, n, Tp, Tc, epochs, extra_forwards)
   return RoundCost(n=int(n), prefill_s=waves * prefill, decode_s=waves * decode,
                    train_s=tf / (peak * mfu), waves=waves,
-                   decode_compute_steps=int((comp >= memt).sum()), decode_steps=Tc,
-                   train_flops=tf, gen_flops=waves * (pf_flops + float(st_flops.sum())))
+                   decode_compute_steps=int((comp >= memt).sum()), decode_steps=steps,
+                   train_flops=tf, gen_flops=waves * (pf_flops + float(st_flops.sum())),
+                   gen_bytes=waves * (pf_bytes + float(st_bytes.sum())))
 
 
 def rollouts_per_s(model, accelerator, n, prompt_len, completion_len, **kw) -> float:
@@ -538,3 +588,21 @@ def dims_summary(dims: ModelDims) -> Mapping[str, Any]:
   return dict(params=dims.param_count, active_params=dims.active_params,
               d_attn=dims.d_attn, head_dim=dims.dh,
               kv_bytes_per_token_bf16=dims.kv_bytes_per_token(2))
+
+
+def generation_roofline(model: Any, accelerator: Any, batch: int, prompt_len: int,
+                        completion_len: int, **kw) -> dict:
+  """The roofline of one generation call (prefill + decode, ``round_time``'s
+  generation part) of ``batch`` sequences: ``seconds``, ``tokens_per_s``
+  (batch x completion_len generated tokens / seconds), ``flops_per_token``
+  and ``bytes_per_step`` (generation FLOPs / tokens, bytes / (1 + decode
+  steps): weights + the KV cache actually attended, the cache written by the
+  prefill), and ``bound`` ("compute" / "memory" / "mixed" over the steps)."""
+  r = round_time(model, accelerator, batch, prompt_len, completion_len, **kw)
+  tokens = batch * completion_len
+  bound = ("compute" if r.decode_compute_steps == r.decode_steps else
+           "memory" if r.decode_compute_steps == 0 else "mixed")
+  return dict(seconds=r.gen_s, tokens_per_s=tokens / r.gen_s,
+              flops_per_token=r.gen_flops / tokens,
+              bytes_per_step=r.gen_bytes / (r.waves * (1 + r.decode_steps)),
+              bound=bound, prefill_s=r.prefill_s, decode_s=r.decode_s)

@@ -1,78 +1,69 @@
-"""Sampler throughput: KV-cache `sampling.generate` vs a naive full-recompute sampler.
+"""Sampler throughput against its roofline and against a full-recompute sampler.
 
 Command (from the repository root):
 
-    python experiments/bench_sampler.py
+    python experiments/bench_sampler.py            # batches 64, 256, 1024
+    python experiments/bench_sampler.py --quick    # batches 16, 64, one run each
 
-Model: `model.default_config()` with vocab_size 20 (the arithmetic task's
-character vocabulary), random init (seed 0). Prompts: 12 random tokens,
-left-padded (all full length). 48 new tokens per sequence, temperature 1.
+Model: d_model 128, 4 layers, 4 heads (head_dim 32, no GQA), SwiGLU 512,
+vocab 64, float32 (1.07M parameters), random init (seed 0). Prompts: 8
+random tokens (no padding); 48 new tokens per sequence, temperature 1,
+``eos_id=None`` (no early stop), so every sequence runs all 48 steps and
+tokens/s = batch x 48 / wall time of one call, prefill included.
 
-Both samplers run every sequence for all 48 steps: EOS is made impossible
-(see `forbid_token`), and the script checks mask.sum() == batch * 48. So the
-tokens/s reported is (batch x 48 decode steps) / wall time of one call,
-prefill included; it equals the number of valid generated tokens per second.
+Arms, all compiled ahead of time (``jit(...).lower(...).compile()``, compile
+excluded) and timed round-robin with the roofline probes (one call of each
+per run, so that load from other processes hits them alike), medians of
+``--runs``:
 
-The naive sampler is one jitted `lax.fori_loop` over t that recomputes the
-full forward (cache=None) over the fixed [prompt + 48] buffer, takes the
-logits at position Tp + t - 1 and samples with the same `process_logits` and
-the same key schedule as `generate`, so both draw the same tokens up to
-float rounding (the fraction of identical tokens is printed).
+* cached: ``sampling.make_sampler`` (the jitted entry point, no host work per
+  call): prefill, then decode in KV-cache length buckets;
+* generate: ``sampling.generate`` (argument checks + the cached sampler) at
+  the smallest batch, to show the host work per call;
+* naive: one jitted ``lax.fori_loop`` that recomputes the full forward
+  (cache=None) over the fixed [prompt + 48] buffer every step and samples
+  with the same ``process_logits`` / ``sample_tokens`` and key schedule, so
+  both draw the same tokens up to float rounding (the fraction of identical
+  tokens is printed). ``--naive_runs`` timed calls (it is slow).
 
-Each sampler is compiled (warm-up call) before timing; the median of
---runs timed calls (jax.block_until_ready) is reported. The last line is
-    RESULT tokens_per_s=<cached, batch 1024> speedup_vs_recompute=<at batch 1024>
+Roofline (``systems.generation_roofline``): FLOPs per generated token
+(2 x active params + attention, prefill included) and bytes per step
+(weights once per step + the KV cache actually attended, Tp + t + 1
+positions at step t), against a float32 2048^2 matmul's FLOP/s and a 256 MiB
+read's bytes/s, both measured in this run (``systems.MatmulProbe``,
+``systems.BandwidthProbe``, medians). ``decode_vs_roofline`` = achieved
+tokens/s / the roofline's tokens/s. The last line is
+
+    RESULT tokens_per_s=<cached, batch 1024> speedup_vs_recompute=<at batch 1024> decode_vs_roofline=<at batch 1024>
 """
 from __future__ import annotations
 
 import argparse
 import functools
-import os
-import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import jax
+import jax.numpy as jnp
+import numpy as np
 
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
-from flax import nnx  # noqa: E402
+from cbs_jax import model as model_lib
+from cbs_jax import sampling
+from cbs_jax import scoring
+from cbs_jax import systems
 
-from cbs_jax import model as model_lib  # noqa: E402
-from cbs_jax import sampling  # noqa: E402
-from cbs_jax import scoring  # noqa: E402
-
-VOCAB = 20
-EOS_ID = VOCAB - 1
 PAD_ID = 0
 
 
-def forbid_token(graphdef, params, token: int, cfg):
-  """Params under which `token` is never sampled (its logit is < -1000 always).
-
-  The LM head has no bias, so a very negative logit needs a hidden feature of
-  fixed sign: residual channel j is set to a constant 1 in every token
-  embedding and no layer writes to it (its column of every attention output
-  projection and MLP down projection is zeroed), so after the final RMSNorm it
-  is 1 / rms(x) > 0. The head column of `token` reads only that channel, with
-  weight -1e4. Throughput is unaffected (same shapes, same FLOPs).
-  """
-  m = nnx.merge(graphdef, params)
-  j = cfg.d_model - 1
-  m.embed[...] = m.embed[...].at[:, j].set(1.0)
-  for block in m.blocks:
-    block.attn.wo[...] = block.attn.wo[...].at[:, :, j].set(0.0)
-    block.mlp.w_down[...] = block.mlp.w_down[...].at[:, j].set(0.0)
-  head = jnp.zeros((cfg.d_model,), jnp.float32).at[j].set(-1e4)
-  m.lm_head[...] = m.lm_head[...].at[:, token].set(head)
-  return nnx.split(m, nnx.Param)
+def bench_config():
+  c = model_lib.default_config()
+  c.update(vocab_size=64, d_model=128, num_layers=4, num_heads=4, num_kv_heads=4, d_ff=512)
+  return c
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "max_new_tokens",
-                                             "temperature", "top_k", "top_p"))
-def naive_generate(graphdef, params, prompt, prompt_mask, key, *, max_new_tokens,
-                   temperature=1.0, top_k=0, top_p=1.0):
-  """Sample by recomputing the whole forward each step (no KV cache, no EOS)."""
+@functools.partial(jax.jit, static_argnames=("graphdef", "max_new_tokens"))
+def naive_generate(graphdef, params, prompt, prompt_mask, key, *, max_new_tokens):
+  """Sample by recomputing the whole forward each step (no KV cache, no EOS),
+  with the cached sampler's key schedule and token sampler."""
   B, Tp = prompt.shape
   T = Tp + max_new_tokens
   buf = jnp.zeros((B, T), jnp.int32).at[:, :Tp].set(prompt)
@@ -81,11 +72,11 @@ def naive_generate(graphdef, params, prompt, prompt_mask, key, *, max_new_tokens
 
   def body(t, carry):
     buf, mask, lps, key = carry
-    key, sub = jax.random.split(key)  # same key schedule as sampling.generate
+    key, sub = jax.random.split(key)
     out = model_lib.apply(graphdef, params, buf, scoring.positions_from_mask(mask), mask)
     logits = jax.lax.dynamic_index_in_dim(out.logits, Tp + t - 1, 1, keepdims=False)
-    logp_all = scoring.process_logits(logits, temperature, top_k, top_p)
-    tok = jax.random.categorical(sub, logp_all).astype(jnp.int32)
+    logp_all = scoring.process_logits(logits)
+    tok = sampling.sample_tokens(sub, logp_all)
     lp = jnp.take_along_axis(logp_all, tok[:, None], -1)
     buf = jax.lax.dynamic_update_slice(buf, tok[:, None], (0, Tp + t))
     mask = jax.lax.dynamic_update_slice(mask, jnp.ones((B, 1), bool), (0, Tp + t))
@@ -96,75 +87,114 @@ def naive_generate(graphdef, params, prompt, prompt_mask, key, *, max_new_tokens
   return buf[:, Tp:], lps
 
 
-def median_time(fn, runs):
-  out = jax.block_until_ready(fn())  # warm-up: compiles
-  times = []
-  for _ in range(runs):
-    t0 = time.perf_counter()
-    out = jax.block_until_ready(fn())
-    times.append(time.perf_counter() - t0)
-  return float(np.median(times)), out
+def timed(fn):
+  t = time.perf_counter()
+  out = jax.block_until_ready(fn())
+  return time.perf_counter() - t, out
 
 
 def main():
   ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-  ap.add_argument("--batches", default="64,256,1024")
+  ap.add_argument("--batches", default="64,256,1024", help="comma-separated batch sizes")
   ap.add_argument("--new_tokens", type=int, default=48)
-  ap.add_argument("--prompt_len", type=int, default=12)
-  ap.add_argument("--runs", type=int, default=3)
+  ap.add_argument("--prompt_len", type=int, default=8)
+  ap.add_argument("--runs", type=int, default=5, help="timed calls per arm (median)")
+  ap.add_argument("--naive_runs", type=int, default=1,
+                  help="timed calls of the full-recompute sampler per batch")
+  ap.add_argument("--quick", action="store_true", help="batches 16,64, one run each")
   args = ap.parse_args()
+  if args.quick:
+    args.batches, args.runs, args.naive_runs = "16,64", 1, 1
   batches = [int(b) for b in args.batches.split(",")]
+  if not batches or min(batches) <= 0 or min(args.runs, args.naive_runs) <= 0:
+    ap.error("--batches, --runs and --naive_runs must be positive")
   n_new, Tp = args.new_tokens, args.prompt_len
 
-  cfg = model_lib.default_config()
-  cfg.vocab_size = VOCAB
+  cfg = bench_config()
+  cfg.max_len = Tp + n_new
   graphdef, params = model_lib.build(cfg, seed=0)
-  graphdef, params = forbid_token(graphdef, params, EOS_ID, cfg)
-  print(f"jax {jax.__version__} on {jax.devices()[0].platform} "
-        f"({jax.device_count()} device(s)); model params "
-        f"{model_lib.param_count(params):,}; d_model {cfg.d_model}, layers "
-        f"{cfg.num_layers}, heads {cfg.num_heads}/{cfg.num_kv_heads} kv, vocab "
-        f"{cfg.vocab_size}; prompt {Tp}, new tokens {n_new}, median of {args.runs}")
-  print("tokens/s = batch x decode steps / wall time (every sequence runs all "
-        f"{n_new} steps: EOS id {EOS_ID} is never sampled; checked via mask.sum())")
+  dims = systems.ModelDims.from_config(cfg)
+  print(f"jax {jax.__version__} on {jax.devices()[0].platform} ({jax.device_count()} "
+        f"device(s)); params {model_lib.param_count(params):,} (active {dims.active_params:,}); "
+        f"d_model {cfg.d_model}, layers {cfg.num_layers}, heads {cfg.num_heads}/"
+        f"{cfg.num_kv_heads} kv, vocab {cfg.vocab_size}; prompt {Tp}, new tokens {n_new}; "
+        f"decode buckets {sampling.segment_bounds(n_new)}", flush=True)
+
+  rng = np.random.default_rng(0)
+  arms, data = {}, {}
+  for B in batches:
+    prompts = jnp.asarray(rng.integers(1, cfg.vocab_size, (B, Tp)), jnp.int32)
+    pmask = jnp.ones((B, Tp), bool)
+    key = jax.random.key(B)
+    sampler = sampling.make_sampler(graphdef, max_new_tokens=n_new, eos_id=None,
+                                    pad_id=PAD_ID)
+    cached = sampler.lower(params, prompts, pmask, key).compile()
+    naive = naive_generate.lower(graphdef, params, prompts, pmask, key,
+                                 max_new_tokens=n_new).compile()
+    arms[f"cached {B}"] = functools.partial(cached, params, prompts, pmask, key)
+    arms[f"naive {B}"] = functools.partial(naive, params, prompts, pmask, key)
+    data[B] = (prompts, pmask, key)
+  B0 = batches[0]
+  host_kw = dict(max_new_tokens=n_new, eos_id=None, pad_id=PAD_ID)
+  np_prompts, np_mask = np.asarray(data[B0][0]), np.asarray(data[B0][1])
+  arms[f"generate {B0}"] = lambda: sampling.generate(graphdef, params, np_prompts, np_mask,
+                                                     data[B0][2], **host_kw)
+  jax.block_until_ready(arms[f"generate {B0}"]())  # compiles nothing new; warms the cache
+  mm, bw = systems.MatmulProbe(2048), systems.BandwidthProbe(256)
+  probes = {"matmul": mm.probe, "bandwidth": bw.probe}
+
+  times = {k: [] for k in list(arms) + list(probes)}
+  outs = {}
+  for r in range(args.runs):
+    for name, fn in probes.items():
+      times[name].append(fn())
+    for name, fn in arms.items():
+      if name.startswith("naive") and r >= args.naive_runs:
+        continue
+      dt, outs[name] = timed(fn)
+      times[name].append(dt)
+    print(f"  run {r + 1}/{args.runs}: " + ", ".join(
+        f"{k} {times[k][-1] * 1e3:.0f} ms" for k in arms if k.startswith("cached")), flush=True)
+  med = {k: float(np.median(v)) for k, v in times.items()}
+  flops, band = mm.flops(med["matmul"]), bw.bandwidth(med["bandwidth"])
+  acc = systems.measured_accelerator(flops, band, source="bench_sampler probes")
+  print(f"measured: {flops / 1e9:.1f} GFLOP/s (f32 2048^2 matmul), {band / 1e9:.2f} GB/s "
+        f"(256 MiB read), ridge {flops / band:.1f} FLOP/byte; medians of {args.runs}")
 
   rows = []
-  rng = np.random.default_rng(0)
   for B in batches:
-    prompts = rng.integers(1, EOS_ID, (B, Tp)).astype(np.int32)
-    pmask = np.ones((B, Tp), bool)
-    key = jax.random.key(B)
-    prompts_j, pmask_j = jnp.asarray(prompts), jnp.asarray(pmask)
-
-    t_cached, out = median_time(lambda: sampling.generate(
-        graphdef, params, prompts_j, pmask_j, key, max_new_tokens=n_new,
-        eos_id=EOS_ID, pad_id=PAD_ID), args.runs)
-    n_valid = int(np.asarray(out.mask).sum())
-    if n_valid != B * n_new:
-      raise RuntimeError(f"cached sampler produced {n_valid} valid tokens, "
-                         f"expected {B * n_new} (EOS was sampled?)")
-    t_naive, (naive_tokens, naive_lps) = median_time(lambda: naive_generate(
-        graphdef, params, prompts_j, pmask_j, key, max_new_tokens=n_new), args.runs)
-    if (np.asarray(naive_tokens) == EOS_ID).any():
-      raise RuntimeError("naive sampler sampled the forbidden EOS id")
-    same = float((np.asarray(naive_tokens) == np.asarray(out.tokens)).mean())
-    # per-row prefix agreement: after the first differing token the rows diverge
-    lp_diff = float(np.abs(np.asarray(naive_lps) - np.asarray(out.logprobs))[
-        np.cumprod(np.asarray(naive_tokens) == np.asarray(out.tokens), 1) > 0].max())
-    tok_cached, tok_naive = B * n_new / t_cached, B * n_new / t_naive
-    rows.append((B, tok_cached, tok_naive, tok_cached / tok_naive, t_cached, t_naive,
-                 same, lp_diff))
-    print(f"  batch {B}: cached {t_cached * 1e3:.1f} ms, naive {t_naive * 1e3:.1f} ms, "
-          f"identical tokens {same:.4f}", flush=True)
+    out = outs[f"cached {B}"]
+    if int(np.asarray(out.mask).sum()) != B * n_new:
+      raise RuntimeError(f"cached sampler: {int(np.asarray(out.mask).sum())} valid tokens, "
+                         f"expected {B * n_new}")
+    naive_tokens, naive_lps = outs[f"naive {B}"]
+    same = np.asarray(naive_tokens) == np.asarray(out.tokens)
+    prefix = np.cumprod(same, 1) > 0  # rows diverge after their first differing token
+    lp_diff = float(np.abs(np.asarray(naive_lps) - np.asarray(out.logprobs))[prefix].max())
+    roof = systems.generation_roofline(dims, acc, B, Tp, n_new)
+    tok_c, tok_n = B * n_new / med[f"cached {B}"], B * n_new / med[f"naive {B}"]
+    rows.append(dict(B=B, tok=tok_c, naive=tok_n, speedup=tok_c / tok_n,
+                     roof=roof["tokens_per_s"], vs_roof=tok_c / roof["tokens_per_s"],
+                     fpt=roof["flops_per_token"], bps=roof["bytes_per_step"],
+                     bound=roof["bound"], ms=med[f"cached {B}"] * 1e3,
+                     same=float(same.mean()), lpd=lp_diff))
 
   print()
-  print(f"{'batch':>6} {'cached tok/s':>14} {'naive tok/s':>13} {'speedup':>8} "
-        f"{'cached ms':>10} {'naive ms':>10} {'same tok':>9} {'max|dlogp|':>11}")
-  for B, tc, tn, sp, ms_c, ms_n, same, lpd in rows:
-    print(f"{B:>6} {tc:>14,.0f} {tn:>13,.0f} {sp:>8.2f} {ms_c * 1e3:>10.1f} "
-          f"{ms_n * 1e3:>10.1f} {same:>9.4f} {lpd:>11.2e}")
+  print(f"{'batch':>6} {'tok/s':>9} {'naive':>8} {'speedup':>8} {'roofline':>9} "
+        f"{'vs roof':>8} {'MFLOP/tok':>10} {'MB/step':>8} {'bound':>8} {'ms/call':>8} "
+        f"{'same tok':>9} {'max|dlogp|':>10}")
+  for r in rows:
+    print(f"{r['B']:>6} {r['tok']:>9,.0f} {r['naive']:>8,.0f} {r['speedup']:>8.2f} "
+          f"{r['roof']:>9,.0f} {r['vs_roof']:>8.3f} {r['fpt'] / 1e6:>10.3f} "
+          f"{r['bps'] / 1e6:>8.1f} {r['bound']:>8} {r['ms']:>8.1f} {r['same']:>9.4f} "
+          f"{r['lpd']:>10.1e}")
+  g = med[f"generate {B0}"]
+  print(f"host work per call: generate {g * 1e3:.1f} ms vs make_sampler "
+        f"{med[f'cached {B0}'] * 1e3:.1f} ms at batch {B0}")
+  print(f"tokens/s rising with batch: {all(a['tok'] < b['tok'] for a, b in zip(rows, rows[1:]))}")
   last = rows[-1]
-  print(f"RESULT tokens_per_s={last[1]:.1f} speedup_vs_recompute={last[3]:.3f}")
+  print(f"RESULT tokens_per_s={last['tok']:.1f} speedup_vs_recompute={last['speedup']:.3f} "
+        f"decode_vs_roofline={last['vs_roof']:.3f}")
 
 
 if __name__ == "__main__":

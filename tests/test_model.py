@@ -237,7 +237,7 @@ def test_kv_cache_larger_than_sequence(tiny):
   got = np.concatenate(got, 1)
   np.testing.assert_allclose(got[mask], full[mask], atol=1e-5, rtol=0)
   for lc in cache:
-    assert lc.k.shape == (B, S, cfg.num_kv_heads, cfg.d_model // cfg.num_heads)
+    assert lc.k.shape == (B, cfg.num_kv_heads, S, cfg.d_model // cfg.num_heads)
     np.testing.assert_array_equal(np.asarray(lc.k[:, T:]), 0.0)  # untouched slots
 
 

@@ -428,3 +428,79 @@ def test_empty_prompt_rejected_or_consistent(tiny):
   sc = _score(gd, params, jnp.asarray(t), jnp.asarray(m), jnp.asarray(out.tokens),
               jnp.asarray(out.mask))
   assert np.abs(np.asarray(sc.logprobs) - out.logprobs).max() <= 1e-4
+
+
+# ---------------------------------------------------------------------------
+# No early stop, length buckets, the jitted entry point, inverse-CDF sampling
+# ---------------------------------------------------------------------------
+
+def test_no_eos_runs_every_row_to_the_end_and_matches_score(tiny):
+  gd, params = tiny
+  toks, mask = mixed_batch(seed=4)
+  out = gen(gd, params, toks, mask, key=3, max_new_tokens=N_NEW, eos_id=None)
+  B = toks.shape[0]
+  np.testing.assert_array_equal(out.mask, np.ones((B, N_NEW), np.float32))
+  np.testing.assert_array_equal(out.lengths, N_NEW)
+  sc = _score(gd, params, jnp.asarray(toks), jnp.asarray(mask), jnp.asarray(out.tokens),
+              jnp.asarray(out.mask))
+  np.testing.assert_allclose(np.asarray(sc.logprobs), out.logprobs, atol=1e-4)
+  # the jitted entry point is the same computation without the host checks
+  fn = sampling.make_sampler(gd, max_new_tokens=N_NEW, eos_id=None, pad_id=PAD)
+  direct = jax.tree.map(np.asarray, fn(params, jnp.asarray(toks), jnp.asarray(mask),
+                                       jax.random.key(3)))
+  np.testing.assert_array_equal(direct.tokens, out.tokens)
+  np.testing.assert_array_equal(direct.logprobs, out.logprobs)
+
+
+@pytest.mark.parametrize("eos_id", [None, "eos"])
+def test_length_buckets_do_not_change_samples(tiny, eos, eos_id):
+  """One bucket (the whole cache every step), three buckets and one bucket
+  per step draw the same tokens with the same log-probs."""
+  gd, params = tiny
+  toks, mask = mixed_batch(seed=8)
+  e = eos if eos_id == "eos" else None
+  outs = [gen(gd, params, toks, mask, key=9, max_new_tokens=N_NEW, eos_id=e,
+              decode_segments=n) for n in (1, 3, N_NEW)]
+  assert sampling.segment_bounds(N_NEW, 1) == (N_NEW,)
+  assert sampling.segment_bounds(N_NEW, N_NEW) == tuple(range(1, N_NEW + 1))
+  assert sampling.segment_bounds(N_NEW, 3) == (4, 8, 12)
+  for o in outs[1:]:
+    np.testing.assert_array_equal(o.tokens, outs[0].tokens)
+    np.testing.assert_array_equal(o.mask, outs[0].mask)
+    np.testing.assert_allclose(o.logprobs, outs[0].logprobs, atol=1e-5)
+  if e is not None:
+    assert (outs[0].lengths < N_NEW).any()
+
+
+def test_segment_bounds_cover_the_steps():
+  for n in (1, 5, 8, 12, 48, 49, 1000):
+    for segs in (0, 1, 3, 7):
+      b = sampling.segment_bounds(n, segs)
+      assert b[-1] == n and list(b) == sorted(set(b)) and b[0] >= 1
+      assert len(b) <= max(segs, 4)
+  for bad in (-1, 1.5, True, "2"):
+    with pytest.raises(ValueError, match="decode_segments"):
+      sampling.segment_bounds(12, bad)
+
+
+def test_tokens_from_uniform_is_the_inverse_cdf():
+  """Against numpy float64: token = first index whose CDF exceeds u, on a grid
+  of u; masked (zero-probability) tokens are never returned, even at u -> 1."""
+  rng = np.random.default_rng(0)
+  logits = rng.normal(size=(3, VOCAB)).astype(np.float32)
+  logits[1, -5:] = -1e30  # masked tail: u near 1 must not land there
+  logits[2, :4] = -1e30   # masked head: u = 0 must not land there
+  logp = np.asarray(jax.nn.log_softmax(jnp.asarray(logits), -1))
+  u = np.concatenate([np.linspace(0, 1, 2001, endpoint=False),
+                      [np.nextafter(np.float32(1), np.float32(0))]]).astype(np.float32)
+  got = np.asarray(sampling.tokens_from_uniform(
+      jnp.asarray(np.repeat(u[None, :, None], 3, 0)), jnp.asarray(logp)[:, None, :]))
+  p64 = np.exp(logp.astype(np.float64))
+  cdf = np.cumsum(p64 / p64.sum(-1, keepdims=True), -1)
+  for r in range(3):
+    want = np.minimum(np.searchsorted(cdf[r], u.astype(np.float64), side="right"),
+                      np.flatnonzero(p64[r] > 0).max())
+    # float32 vs float64 CDFs can differ right at a boundary: allow a few grid points
+    assert (got[r] != want).sum() <= 3, np.flatnonzero(got[r] != want)
+    assert np.all(p64[r][got[r]] > 0)
+  assert got[1, -1] == VOCAB - 6 and got[2, 0] == 4

@@ -116,8 +116,10 @@ def test_round_time_by_hand():
   n, Tp, Tc, peak, bw = 4, 3, 2, 989e12, 3.35e12
   prefill = max(n * (2 * A * Tp + 2 * 2 * 64 * Tp * (Tp + 1)) / peak,
                 (2 * A + n * Tp * kv_tok) / bw)
+  # Tc - 1 = 1 decode forward: token 0 comes from the prefill, token 1 from
+  # the forward of token 0, which attends Tp + 1 positions
   decode = sum(max(n * (2 * A + 4 * 2 * 64 * ctx) / peak, (2 * A + n * ctx * kv_tok) / bw)
-               for ctx in (Tp + 1, Tp + 2))
+               for ctx in (Tp + 1,))
   T = Tp + Tc
   train_flops = 3 * n * (2 * A * T + 2 * 2 * 64 * T * (T + 1))
   # = 6 A N T + 3 x causal attention (4 L d_attn per query-key pair, T(T+1)/2 pairs)
@@ -129,13 +131,13 @@ def test_round_time_by_hand():
   assert r.train_s == pytest.approx(train_flops / peak)
   assert r.total_s == pytest.approx(prefill + decode + train_flops / peak)
   assert r.rollouts_per_s == pytest.approx(n / (prefill + decode + train_flops / peak))
-  assert r.waves == 1 and r.decode_steps == 2 and r.decode_compute_steps == 0
+  assert r.waves == 1 and r.decode_steps == 1 and r.decode_compute_steps == 0
   # mfu 0.5 doubles the update; two epochs + a reference forward: 7 thirds
   r2 = systems.round_time(c, "h100_sxm", n, Tp, Tc, mfu=0.5, epochs=2, extra_forwards=1)
   assert r2.train_s == pytest.approx(train_flops * 7 / 3 / (0.5 * peak))
-  # cbs_jax's dense sampler attends all Tp + Tc slots every step
+  # a dense sampler attends all Tp + Tc slots every step
   full = systems.round_time(c, "h100_sxm", n, Tp, Tc, full_cache=True)
-  assert full.decode_s == pytest.approx(2 * (2 * A + n * (Tp + Tc) * kv_tok) / bw)
+  assert full.decode_s == pytest.approx((2 * A + n * (Tp + Tc) * kv_tok) / bw)
 
 
 def test_kv_memory_splits_decoding_into_waves():
@@ -149,7 +151,7 @@ def test_kv_memory_splits_decoding_into_waves():
   assert one.waves == 1
   # each wave decodes 25/3 sequences: memory-bound, so 3 x (weights + b ctx kv) / bw
   b = 25 / 3
-  want = 3 * sum((2 * 100_672 + b * ctx * 256) / 1e11 for ctx in (4, 5))
+  want = 3 * sum((2 * 100_672 + b * ctx * 256) / 1e11 for ctx in (4,))
   assert r.decode_s == pytest.approx(want)
   with pytest.raises(ValueError, match="do not fit"):
     systems.max_decode_batch(c, systems.Accelerator("tiny", 1e12, 1e11, 1000.0), 5)
@@ -198,3 +200,43 @@ def test_calibrate_cpu_is_positive_finite_and_fast():
   assert 1e9 < a.peak_flops < 1e14 and 1e8 < a.hbm_bandwidth < 1e13
   assert a.dtype == "float32" and a.dtype_bytes == 4
   assert systems.get_accelerator("CPU") is systems.get_accelerator("cpu")  # measured once
+
+
+def test_generation_roofline_by_hand():
+  """Prefill + Tc - 1 decode steps of the issue-13 benchmark model on a toy
+  chip, by hand: FLOPs per token and bytes per step with the KV cache
+  actually attended (step t reads Tp + t + 1 positions)."""
+  c = model.default_config()
+  for k, v in dict(vocab_size=64, d_model=128, num_layers=4, num_heads=4, num_kv_heads=4,
+                   d_ff=512).items():
+    c[k] = v
+  A = 1_066_112 - 64 * 128  # all but the input embedding
+  kv_tok = 4 * 2 * 4 * 32 * 4  # float32 cache: 4096 bytes per token
+  B, Tp, Tc, peak, bw = 1024, 8, 48, 2e11, 2e10
+  acc = systems.Accelerator("toy", peak, bw, 1e12, dtype="float32")
+  pf_f = B * (2 * A * Tp + 2 * 4 * 128 * Tp * (Tp + 1))
+  pf_b = 4 * A + B * Tp * kv_tok
+  ctx = Tp + 1 + np.arange(Tc - 1)
+  st_f = B * (2 * A + 4 * 4 * 128 * ctx)
+  st_b = 4 * A + B * ctx * kv_tok
+  secs = max(pf_f / peak, pf_b / bw) + np.maximum(st_f / peak, st_b / bw).sum()
+  r = systems.generation_roofline(c, acc, B, Tp, Tc)
+  assert r["seconds"] == pytest.approx(secs)
+  assert r["tokens_per_s"] == pytest.approx(B * Tc / secs)
+  assert r["flops_per_token"] == pytest.approx((pf_f + st_f.sum()) / (B * Tc))
+  assert r["bytes_per_step"] == pytest.approx((pf_b + st_b.sum()) / Tc)
+  # the ridge (10 FLOP/byte) sits inside the decode: early steps are
+  # compute-bound (2 A per token vs a short cache), the last ones memory-bound
+  n_compute = int((st_f / peak >= st_b / bw).sum())
+  assert 0 < n_compute < Tc - 1 and r["bound"] == "mixed"
+
+
+def test_probes_measure_positive_rates():
+  mm = systems.MatmulProbe(256)
+  bw = systems.BandwidthProbe(16)
+  t_mm, t_bw = mm.probe(), bw.probe()
+  assert t_mm > 0 and t_bw > 0
+  assert mm.flops(2.0) == pytest.approx(2 * 256 ** 3 / 2.0)
+  assert bw.bandwidth(2.0) == pytest.approx(16 * 2 ** 20 / 2.0)
+  acc = systems.measured_accelerator(mm.flops(t_mm), bw.bandwidth(t_bw))
+  assert acc.dtype == "float32" and acc.memory_bytes > 0
