@@ -181,6 +181,43 @@ def model_config_from_hf(hf_config: dict, dtype: str = "float32",
   return c
 
 
+# model config field -> the config.json key it comes from (for error messages)
+_FIELD_SOURCES = {
+    "vocab_size": "vocab_size", "d_model": "hidden_size", "num_layers": "num_hidden_layers",
+    "num_heads": "num_attention_heads", "num_kv_heads": "num_key_value_heads",
+    "d_ff": "intermediate_size", "head_dim": "head_dim", "rope_theta": "rope_theta",
+    "rope_scaling": "rope_scaling", "norm_eps": "rms_norm_eps", "qkv_bias": "architectures",
+    "qk_norm": "architectures", "tie_embeddings": "tie_word_embeddings"}
+
+
+def run_model_config(model_config, checkpoint_dir: str) -> ml_collections.ConfigDict:
+  """The model config a run starting from ``checkpoint_dir`` uses: the
+  architecture from its ``config.json``, ``dtype`` / ``param_dtype`` /
+  ``max_len`` from ``model_config`` (the run's ``config.model``). Every
+  architecture field of ``model_config`` must agree with the checkpoint:
+  ValueError naming each disagreeing field with both values otherwise (and
+  for ``value_head``, which no checkpoint has)."""
+  checkpoint_dir = os.fspath(checkpoint_dir)
+  cfg_path = os.path.join(checkpoint_dir, "config.json")
+  if not os.path.isfile(cfg_path):
+    raise ValueError(f"config.hf_checkpoint={checkpoint_dir!r} has no config.json")
+  hf_config = _read_json(cfg_path)
+  c = model_config_from_hf(hf_config, model_config.dtype, model_config.max_len)
+  c.param_dtype = model_config.get("param_dtype", "float32")
+  if model_config.get("value_head"):
+    raise ValueError(f"config.model.value_head=True, but {cfg_path} has no value head "
+                     "(PPO's critic): use GRPO (config.rl.algo='grpo') from a checkpoint")
+  mine = dict(model_config.to_dict(), head_dim=model_lib.head_dim_of(model_config))
+  theirs = dict(c.to_dict(), head_dim=model_lib.head_dim_of(c))
+  bad = [k for k in _FIELD_SOURCES if mine.get(k) != theirs.get(k)]
+  if bad:
+    detail = "; ".join(f"config.model.{k}={mine.get(k)!r} vs checkpoint {theirs.get(k)!r} "
+                       f"({_FIELD_SOURCES[k]})" for k in bad)
+    raise ValueError(f"config.model disagrees with {cfg_path}: {detail}")
+  c.head_dim = model_config.get("head_dim", 0)  # the run's spelling (0 = derived)
+  return c
+
+
 def hf_config_from_model(c, dtype: str = "float32") -> dict:
   """A transformers ``config.json`` dict for our model config (see export)."""
   if c.get("qk_norm") and c.get("qkv_bias"):

@@ -48,6 +48,7 @@ from cbs_jax import config as config_lib
 from cbs_jax import drift
 from cbs_jax import evaluation
 from cbs_jax import gradstats
+from cbs_jax import hf
 from cbs_jax import metrics as metrics_lib
 from cbs_jax import model as model_lib
 from cbs_jax import noise
@@ -94,11 +95,24 @@ def prepare(config: ml_collections.ConfigDict) -> Setup:
   """Validate the config, build the task, and fix the model's vocab size."""
   config_lib.validate(config)
   task = tasks.make_task(config.task.name, **config.task.kwargs.to_dict())
-  tok = tasks.make_tokenizer(task)
-  layout = rollouts.Layout.for_task(task, config.sampling.max_new_tokens)
+  hf_dir = config.get("hf_checkpoint") or ""
+  if hf_dir:  # a Hugging Face checkpoint: its tokenizer, its vocabulary, lengths in tokens
+    vocab = hf.run_model_config(config.model, hf_dir).vocab_size
+    tok = hf.load_tokenizer(hf_dir, vocab)
+    if tok is None:
+      raise ValueError(f"config.hf_checkpoint={hf_dir!r} has no tokenizer.json")
+    lens = task.token_lengths(tok) if hasattr(task, "token_lengths") else (
+        task.max_prompt_len, task.max_completion_len)
+    layout = rollouts.Layout(lens[0] + 1, config.sampling.max_new_tokens or lens[1] + 1)
+  else:
+    tok = tasks.make_tokenizer(task)
+    layout = rollouts.Layout.for_task(task, config.sampling.max_new_tokens)
+    vocab = tok.vocab_size
   with config.unlocked():
-    config.model.vocab_size = tok.vocab_size
-    config.sampling.suppress_ids = ((tok.pad_id, tok.bos_id)
+    config.model.vocab_size = vocab
+    # never PAD/BOS inside a completion -- but EOS, where a checkpoint's pad/bos is its EOS
+    config.sampling.suppress_ids = (tuple(i for i in (tok.pad_id, tok.bos_id)
+                                          if i != tok.eos_id)
                                     if config.sampling.suppress_special else ())
   if layout.total > config.model.max_len:
     raise ValueError(f"config.model.max_len={config.model.max_len} is shorter than "
@@ -406,9 +420,16 @@ def start_run(config, workdir: str, setup: Setup) -> Run:
   if resume is not None:
     ckpt.check_model(c.model.to_dict())  # before any compile or write
   mesh = sharding.make_mesh(c.mesh.data, c.mesh.fsdp, c.mesh.tensor)  # before any compile
-  graphdef, base_params, base_summary = sft_base(c, workdir, setup)
+  rules = sharding.parse_rules(c.mesh.rules)
+  if c.get("hf_checkpoint"):  # no SFT: the checkpoint is the base, read into its shardings
+    graphdef, base_params, _, _ = hf.load(c.hf_checkpoint, mesh, c.model.param_dtype,
+                                          compute_dtype=c.model.dtype, rules=rules,
+                                          max_len=c.model.max_len)
+    base_summary = {"hf_checkpoint": c.hf_checkpoint}
+  else:
+    graphdef, base_params, base_summary = sft_base(c, workdir, setup)
   base_params = precision.cast(base_params, model_lib.DTYPES[c.model.param_dtype])
-  param_sh = sharding.param_shardings(base_params, mesh, sharding.parse_rules(c.mesh.rules))
+  param_sh = sharding.param_shardings(base_params, mesh, rules)
   base_params = sharding.put(base_params, param_sh)
   tx = make_optimizer(c.optim, c.model.param_dtype)
   copy = lambda t: jax.tree.map(jnp.copy, t)  # updates donate their params

@@ -1,40 +1,49 @@
-"""GRPO on GSM8K with a Qwen2.5-0.5B-class policy, for a TPU pod slice / GPU node.
+"""GRPO on GSM8K from a Qwen2.5-0.5B checkpoint, for a TPU pod slice / GPU node.
 
     python -m cbs_jax.main --config=configs/gsm8k_qwen.py --workdir=runs/gsm8k_qwen \
         --config.task.kwargs.path=/data/gsm8k/train.jsonl \
         --config.hf_checkpoint=/data/Qwen2.5-0.5B
 
-``get_config("smoke")`` keeps every choice below but shrinks the model and
-points at the committed example problems, so that the config builds,
-validates and constructs its task on a CPU (tests/test_hf.py).
+(``/data/...`` are placeholders for the user's copies: GSM8K's main/train
+jsonl, one {"question", "answer"} object per line, and a Hugging Face
+checkpoint directory with config.json, *.safetensors and tokenizer.json.)
+On several hosts add ``--config.distributed.enabled=True`` and run the same
+command on every host (README: TPU VM pods, multi-GPU hosts).
+
+``get_config("smoke")`` keeps every choice below but shrinks the model (and
+the batch) and points at the committed example problems; tests/test_hf.py
+runs it from a tiny random Qwen2 checkpoint it writes (``--config.hf_checkpoint``).
+
+What the trainer does with ``hf_checkpoint`` (train.prepare / start_run):
+the run's ``config.model`` must describe the checkpoint (every architecture
+field is compared with config.json, errors name both sides); the tokenizer is
+the checkpoint's (a vocabulary larger than the model's is an error); prompt
+and completion lengths are measured in its tokens; there is no SFT warm
+start (the checkpoint is the base policy and the KL reference); parameters
+are read straight into their mesh shardings, in ``model.param_dtype``.
+Prompts are "Q: {question}\nA:" after the tokenizer's BOS (Qwen has none,
+so its pad/EOS <|endoftext|>, a document boundary), with no chat template:
+this config is for base models.
 
 Choices:
-* model: the shape of Qwen2.5-0.5B's config.json (896 wide, 24 layers, 14
-  query / 2 key-value heads of 64, SwiGLU 4864, RoPE theta 1e6, q/k/v
-  biases, tied embeddings, RMSNorm eps 1e-6) as ``hf.model_config_from_hf``
-  builds it, bfloat16 compute; ``max_len`` 2048 covers GSM8K prompt +
-  solution even in characters (train.prepare checks it against the task).
+* model: Qwen2.5-0.5B's config.json (896 wide, 24 layers, 14 query / 2
+  key-value heads of 64, SwiGLU 4864, RoPE theta 1e6, q/k/v biases, tied
+  embeddings, RMSNorm eps 1e-6, vocabulary 151,936) as
+  ``hf.model_config_from_hf`` reads it; bfloat16 compute and parameters
+  with a float32 master copy and Adam moments (precision.py).
+* sampling: temperature 1, at most 512 new tokens (GSM8K solutions are
+  ~100-300 Qwen tokens); ``max_len`` 1024 covers the longest GSM8K prompt
+  (~250 tokens) + 512.
 * batch: P=64 prompts x K=16 rollouts = 1,024 rollouts per round; Adam at
   1e-6 for that batch (``ref_batch``), sqrt rule when P or K change.
 * KL penalty off and symmetric clip 0.2 (plain GRPO); split-microbatch noise
   tracker every round; the exact per-rollout path is off (at 0.5B it needs a
   per-rollout gradient per vmap lane; enable with chunk_prompts=1 if memory
   allows); no exact expected-pass eval (GSM8K answers are not enumerable).
-* mesh: data parallel over all devices, parameters replicated (0.5B in
-  float32 + Adam is ~6 GB per chip); ``--config.mesh.tensor=4`` shards
-  vocab / heads / MLP over 4 chips instead.
-
-What remains before this runs end to end (not wired in train.py yet):
-* ``hf_checkpoint`` is not read by the trainer: ``train.prepare`` /
-  ``sft_base`` must call ``hf.load(config.hf_checkpoint, mesh=mesh)`` for the
-  initial (and reference) params and use its tokenizer instead of the
-  task's CharTokenizer (vocab_size then comes from the checkpoint), and RL
-  should start from those params without the SFT warm start.
-* Layout lengths are the task's character counts; with a BPE tokenizer they
-  should be measured in tokens (about 3-4x shorter), and
-  ``sampling.max_new_tokens`` set in tokens (e.g. 512).
-* The held-out split: GSM8K's test file is the eval set; the task's
-  train/eval split key is being added to tasks/gsm8k.py separately.
+* mesh: FSDP over all devices (``fsdp=-1``): parameters, master copy and
+  Adam moments sharded over every chip (0.5B x (2 + 4 + 8) bytes ~7 GB in
+  all); ``--config.mesh.fsdp=4 --config.mesh.data=-1`` keeps FSDP within
+  groups of 4, ``--config.mesh.tensor=2`` adds tensor parallelism.
 """
 import ml_collections
 
@@ -56,24 +65,25 @@ def get_config(arg=None):
     c.hf_checkpoint = CHECKPOINT_DIR  # Hugging Face checkpoint to start from (see above)
 
   m = c.model                 # Qwen2.5-0.5B (hf.model_config_from_hf of its config.json)
-  m.vocab_size = 151936       # replaced by the tokenizer's size in train.prepare
+  m.vocab_size = 151936       # must match config.json (train.prepare checks every field)
   m.d_model = 896
   m.num_layers = 24
   m.num_heads = 14
   m.num_kv_heads = 2
   m.head_dim = 0              # = 896 / 14 = 64
   m.d_ff = 4864
-  m.max_len = 2048            # prompt + completion slots of the KV cache
+  m.max_len = 1024            # prompt + completion tokens (train.prepare checks the layout)
   m.rope_theta = 1_000_000.0
   m.rope_scaling = ""
   m.norm_eps = 1e-6
   m.qkv_bias = True
   m.qk_norm = False
   m.tie_embeddings = True
-  m.dtype = "bfloat16"        # compute; parameters stay float32 for Adam
+  m.dtype = "bfloat16"        # compute
+  m.param_dtype = "bfloat16"  # stored parameters; float32 master + Adam moments
 
   c.sampling.temperature = 1.0
-  c.sampling.max_new_tokens = 0     # the task's longest solution + 1 (characters today)
+  c.sampling.max_new_tokens = 512   # completion tokens (0 = the file's longest solution + 1)
 
   c.rl.algo = "grpo"
   c.rl.advantage = "grpo"
@@ -104,13 +114,15 @@ def get_config(arg=None):
   c.noise.exact_every = 0
   c.noise.chunk_prompts = 1
 
-  c.mesh.data = -1
-  c.mesh.fsdp = 1
+  c.mesh.data = 1
+  c.mesh.fsdp = -1
   c.mesh.tensor = 1
 
   if arg == "smoke":
     c.task.kwargs.path = gsm8k.DEFAULT_PATH
+    m.vocab_size = 512          # the tiny checkpoint's (its tokenizer has fewer ids)
     m.d_model, m.num_layers, m.num_heads, m.num_kv_heads, m.d_ff = 64, 2, 4, 2, 96
+    c.sampling.max_new_tokens = 0   # the committed examples' longest solution + 1
     c.batch.num_prompts, c.batch.rollouts_per_prompt = 4, 4
     c.train.num_rounds, c.train.eval_prompts = 2, 8
   elif arg:

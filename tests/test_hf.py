@@ -451,6 +451,7 @@ def test_gsm8k_qwen_config_builds_and_validates(arg):
   config_lib.validate(c)
   if arg is None:
     want = hf.model_config_from_hf(QWEN25_05B, dtype="bfloat16", max_len=c.model.max_len)
+    want.param_dtype = "bfloat16"
     assert c.model.to_dict() == want.to_dict()
     _, abstract = hf._abstract(want)  # pylint: disable=protected-access
     # Qwen2.5-0.5B's published parameter count (embeddings tied)
@@ -495,3 +496,95 @@ def test_bad_rope_scaling_config(text, needle):
   c = _tiny(rope_scaling=text)
   with pytest.raises(ValueError, match=needle):
     model_lib.validate_config(c)
+
+
+# ---------------------------------------------------------------------------
+# The GSM8K config from a checkpoint, end to end (tiny random Qwen2)
+# ---------------------------------------------------------------------------
+
+def _bpe_tokenizer_files(dirname, texts, vocab_size):
+  """A byte-level BPE tokenizer.json trained on ``texts`` (so any text
+  encodes), Qwen-style special tokens: no BOS, pad = eos = <|endoftext|>."""
+  tokenizers = pytest.importorskip("tokenizers")
+  tok = tokenizers.Tokenizer(tokenizers.models.BPE())
+  tok.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False)
+  tok.decoder = tokenizers.decoders.ByteLevel()
+  trainer = tokenizers.trainers.BpeTrainer(
+      vocab_size=vocab_size, special_tokens=["<|endoftext|>"],
+      initial_alphabet=tokenizers.pre_tokenizers.ByteLevel.alphabet())
+  tok.train_from_iterator(texts, trainer)
+  tok.save(os.path.join(dirname, "tokenizer.json"))
+  with open(os.path.join(dirname, "tokenizer_config.json"), "w") as f:
+    json.dump({"eos_token": "<|endoftext|>", "pad_token": "<|endoftext|>",
+               "bos_token": None}, f)
+
+
+@pytest.fixture(scope="module")
+def tiny_qwen(tmp_path_factory):
+  """The smoke config's model as a random Qwen2 checkpoint (q/k/v biases,
+  tied embeddings, our exporter: parity above shows transformers reads it
+  the same) with a 400-id byte-level BPE tokenizer of the example lines."""
+  from cbs_jax.tasks import gsm8k  # pylint: disable=import-outside-toplevel
+  from configs import gsm8k_qwen  # pylint: disable=import-outside-toplevel
+  c = gsm8k_qwen.get_config("smoke")
+  gd, params = model_lib.build(c.model, seed=7)
+  params = jax.tree.map(  # non-zero biases, so that they matter
+      lambda x: x + 0.1 * jax.random.normal(jax.random.key(1), x.shape), params)
+  d = str(tmp_path_factory.mktemp("tiny_qwen"))
+  hf.export(gd, params, c.model, d, dtype="bfloat16")
+  task = gsm8k.GSM8KTask()
+  _bpe_tokenizer_files(d, [p.prompt + p.solution for p in task.problems], 400)
+  return d
+
+
+def test_gsm8k_tokenizer_roundtrips_solutions(tiny_qwen):
+  from cbs_jax.tasks import gsm8k  # pylint: disable=import-outside-toplevel
+  tok = hf.load_tokenizer(tiny_qwen, 512)
+  assert tok.vocab_size == 400 and tok.eos_id == tok.pad_id == tok.bos_id
+  task = gsm8k.GSM8KTask()
+  for p in task.problems:  # a correct completion, through the tokenizer, earns 1
+    assert task.verify(p, tok.decode(tok.encode(p.solution))) == 1.0
+  P, C = task.token_lengths(tok)
+  assert 0 < P < task.max_prompt_len and 0 < C < task.max_completion_len
+
+
+def test_gsm8k_qwen_smoke_run_from_checkpoint(tiny_qwen, tmp_path):
+  """configs/gsm8k_qwen.py:smoke from the checkpoint: GRPO rounds run, the
+  layout is in the checkpoint tokenizer's tokens, EOS is sampleable (pad =
+  eos is not suppressed), parameters stay bfloat16."""
+  from cbs_jax import checkpoint as ckpt_lib  # pylint: disable=import-outside-toplevel
+  from cbs_jax import metrics as metrics_lib  # pylint: disable=import-outside-toplevel
+  from cbs_jax import train  # pylint: disable=import-outside-toplevel
+  from configs import gsm8k_qwen  # pylint: disable=import-outside-toplevel
+  c = gsm8k_qwen.get_config("smoke")
+  c.hf_checkpoint = tiny_qwen
+  setup = train.prepare(c)
+  tok = setup.tok
+  assert c.model.vocab_size == 512 and tok.eos_id not in c.sampling.suppress_ids
+  assert setup.layout.prompt_len == setup.task.token_lengths(tok)[0] + 1
+  summary = train.train_and_evaluate(c, str(tmp_path))
+  assert summary["rounds"] == 2 and summary["sft"] == {"hf_checkpoint": tiny_qwen}
+  rows = metrics_lib.read_jsonl(str(tmp_path / "metrics.jsonl"))
+  assert [r["round"] for r in rows] == [0, 1, 2]
+  for r in rows[1:]:
+    assert 0.0 <= r["reward_mean"] <= 1.0 and r["completion_len"] > 0
+    assert np.isfinite(r["loss"]) and np.isfinite(r["noise_split/trace_intra"])
+  assert "eval_pass_rate" in rows[-1]
+  ck = ckpt_lib.Checkpointer(str(tmp_path / "checkpoints"))
+  assert ck.read_meta()["model"]["param_dtype"] == "bfloat16"
+  ck.close()
+
+
+@pytest.mark.parametrize("field,value,needle", [
+    ("d_model", 32, "config.model.d_model=32 vs checkpoint 64 (hidden_size)"),
+    ("qkv_bias", False, "config.model.qkv_bias=False vs checkpoint True (architectures)"),
+    ("vocab_size", 1000, "config.model.vocab_size=1000 vs checkpoint 512 (vocab_size)"),
+])
+def test_run_config_disagreeing_with_checkpoint(tiny_qwen, field, value, needle):
+  from cbs_jax import train  # pylint: disable=import-outside-toplevel
+  from configs import gsm8k_qwen  # pylint: disable=import-outside-toplevel
+  c = gsm8k_qwen.get_config("smoke")
+  c.hf_checkpoint = tiny_qwen
+  c.model[field] = value
+  with pytest.raises(ValueError, match=re_escape(needle)):
+    train.prepare(c)

@@ -300,6 +300,14 @@ class GSM8KTask(base.Task):
             raise ValueError(f"{self.path}: needs at least 2 examples (one held out "
                              f"for eval), got {len(self.problems)}")
 
+    def token_lengths(self, tok) -> tuple[int, int]:
+        """(longest prompt, longest solution) of the loaded file in `tok`'s
+        tokens: the layout of a run with a subword tokenizer (an HF
+        checkpoint's), where `max_prompt_len` / `max_completion_len` count
+        characters."""
+        return (max(len(tok.encode(p.prompt)) for p in self.problems),
+                max(len(tok.encode(p.solution)) for p in self.problems))
+
     def problem_key(self, problem: base.Problem) -> str:
         return problem.prompt
 
