@@ -80,7 +80,12 @@ class Checkpointer:
 
   def check_model(self, model_config: dict, step: int | None = None) -> None:
     """Raise CheckpointError if the stored model config differs from ours."""
+    from cbs_jax import model as model_lib  # pylint: disable=import-outside-toplevel
     stored = self.read_meta(step).get("model", {})
+    # a field the model gained after this checkpoint was written means its
+    # default there (the model it wrote had none of it)
+    defaults = model_lib.default_config().to_dict()
+    stored = {**{k: v for k, v in defaults.items() if k not in stored}, **stored}
     diff = sorted(k for k in set(stored) | set(model_config)
                   if stored.get(k) != model_config.get(k))
     if diff:

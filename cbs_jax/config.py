@@ -66,7 +66,7 @@ def base_config() -> ConfigDict:
                                 # Tunix use 1, i.e. advantages sqrt((K-1)/K) times ours
   c.rl.adv_whiten = True        # gae: whiten advantages over the batch's tokens (couples rollouts)
   c.rl.loss = "ppo"             # ppo (clipped) | cispo | pg | gspo
-  c.rl.clip_eps_low = 0.2       # lower clip: ratio >= 1 - clip_eps_low
+  c.rl.clip_eps_low = 0.2       # lower clip: ratio >= 1 - clip_eps_low (>= 1: no lower clip)
   c.rl.clip_eps_high = 0.2      # upper clip: ratio <= 1 + clip_eps_high (10.0 ~ unclipped)
   c.rl.clip_c = 0.0             # dual-clip constant (> 1), 0 = off
   c.rl.aggregation = "token_mean"  # token_mean | seq_mean_token_mean | seq_mean_token_sum_norm
@@ -116,6 +116,8 @@ def base_config() -> ConfigDict:
   c.train.eval_sampled = True      # the sampled pass@1 (SE ~0.02 at 512 prompts)
   c.train.stop_at_pass_rate = 0.0  # stop once the eval pass rate reaches this (0 = off; sweeps to
                                    # a target): eval_expected_pass where computed, else sampled
+  c.train.stop_below_pass_rate = 0.0  # stop once the eval pass rate falls below this (0 = off):
+                                      # a sweep's diverged runs end early, marked stopped_collapsed
   c.train.checkpoint_every = 10    # rounds between checkpoints (the last round always saved)
   c.train.max_consecutive_nonfinite = 3  # stop after this many skipped updates in a row
   c.train.progress = True          # console progress bar
@@ -223,9 +225,9 @@ def validate(c: ConfigDict) -> None:
   for field in ("optim.lr", "sft.lr"):
     if not math.isfinite(_get(c, field)):
       raise ValueError(f"config.{field} must be finite, got {_get(c, field)!r}")
-  if not 0.0 <= _num(c, "train.stop_at_pass_rate") <= 1.0:
-    raise ValueError(f"config.train.stop_at_pass_rate must be in [0, 1], got "
-                     f"{c.train.stop_at_pass_rate!r}")
+  for field in ("train.stop_at_pass_rate", "train.stop_below_pass_rate"):
+    if not 0.0 <= _num(c, field) <= 1.0:
+      raise ValueError(f"config.{field} must be in [0, 1], got {_get(c, field)!r}")
   if not 0.0 < _num(c, "sampling.top_p") <= 1.0:
     raise ValueError(f"config.sampling.top_p must be in (0, 1], got {c.sampling.top_p!r}")
   for field in ("optim.b1", "optim.b2", "rl.gamma", "rl.lam", "sft.label_noise"):
@@ -234,9 +236,6 @@ def validate(c: ConfigDict) -> None:
       raise ValueError(f"config.{field} must be in [0, 1], got {v!r}")
   if not 0.0 <= _num(c, "noise.ema_decay") < 1.0:
     raise ValueError(f"config.noise.ema_decay must be in [0, 1), got {c.noise.ema_decay!r}")
-  if c.rl.clip_eps_low >= 1.0:
-    raise ValueError(f"config.rl.clip_eps_low must be < 1 (ratio floor 1-eps > 0), "
-                     f"got {c.rl.clip_eps_low!r}")
   if c.rl.clip_c and c.rl.clip_c <= 1.0:
     raise ValueError(f"config.rl.clip_c must be > 1 when set (0 = off), got {c.rl.clip_c!r}")
   sizes = [_num(c, f"mesh.{a}") for a in sharding.MESH_AXES]

@@ -151,13 +151,19 @@ def per_rollout_grad_fn(graphdef, counts, rl_cfg, sampling_cfg):
 
 
 def group_moments(params, graphdef, batch, P: int, K: int, rl_cfg, sampling_cfg,
-                  chunk_prompts: int, metric=None) -> noise.GroupMoments:
+                  chunk_prompts: int, metric=None, prompt_groups=None, num_groups: int = 0):
   """Exact per-rollout moments, streamed over chunks of ``chunk_prompts``.
 
   Returns a ``noise.GroupMoments`` whose arrays carry a leading per-leaf
   axis ([L, P] and [L]); sum over it for the whole model. With a
   ``metric`` (see ``adam_metric``) the moments are those of the
   metric-scaled per-rollout gradients.
+
+  With ``prompt_groups`` (int labels in [0, num_groups) per prompt, e.g. the
+  difficulty) it returns ``(moments, gram)``: ``gram`` [L, G, G] holds, per
+  leaf, the inner products S_d . S_e of the per-group sums of prompt-mean
+  gradients S_d = sum_{p in d} gbar_p, which ``noise.inter_by_group`` turns
+  into each group's share of tr Sigma_inter (memory G x |theta| more).
   """
   if P % chunk_prompts:
     raise ValueError(f"chunk_prompts={chunk_prompts} does not divide P={P}")
@@ -181,17 +187,44 @@ def group_moments(params, graphdef, batch, P: int, K: int, rl_cfg, sampling_cfg,
       gbar_sum.append(jnp.sum(gb, axis=0))             # [D]
     return jnp.stack(sq), jnp.stack(gbar_sq), gbar_sum
 
-  def body(acc, chunk):
-    sq, gsq, gsum = chunk_stats(chunk)
-    return [a + b for a, b in zip(acc, gsum)], (sq, gsq)
+  grouped = prompt_groups is not None
+  G = int(num_groups) if grouped else 0
+  if grouped and G <= 0:
+    raise ValueError(f"num_groups={num_groups} must be > 0 with prompt_groups")
+  labels = (jnp.asarray(prompt_groups, jnp.int32).reshape(P // C, C) if grouped
+            else jnp.zeros((P // C, C), jnp.int32))
 
-  zeros = [jnp.zeros((int(jnp.size(l)),), jnp.float32) for l in jax.tree.leaves(params)]
-  gsum, (sq, gsq) = jax.lax.scan(body, zeros, chunks)
+  def body(acc, xs):
+    chunk, lab = xs
+    gsum_acc, group_acc = acc
+    if grouped:  # the same statistics, plus per-group sums of the prompt means
+      g = per_rollout_grad(params, chunk)
+      if metric is not None:
+        g = _scaled(g, metric, 1)
+      onehot = jax.nn.one_hot(lab, G, dtype=jnp.float32)  # [C, G]
+      gb = [jnp.mean((N * l.astype(jnp.float32)).reshape(C, K, -1), axis=1)
+            for l in jax.tree.leaves(g)]
+      group_acc = [a + onehot.T @ b for a, b in zip(group_acc, gb)]
+      sq = jnp.stack([jnp.sum(((N * l.astype(jnp.float32)).reshape(C, K, -1)) ** 2,
+                              axis=(1, 2)) for l in jax.tree.leaves(g)])
+      gsq = jnp.stack([jnp.sum(b * b, axis=-1) for b in gb])
+      gsum = [jnp.sum(b, axis=0) for b in gb]
+    else:
+      sq, gsq, gsum = chunk_stats(chunk)
+    return ([a + b for a, b in zip(gsum_acc, gsum)], group_acc), (sq, gsq)
+
+  sizes = [int(jnp.size(l)) for l in jax.tree.leaves(params)]
+  zeros = [jnp.zeros((n,), jnp.float32) for n in sizes]
+  gzeros = [jnp.zeros((G, n), jnp.float32) for n in sizes] if grouped else []
+  (gsum, gsums), (sq, gsq) = jax.lax.scan(body, (zeros, gzeros), (chunks, labels))
   # sq, gsq: [P/C, L, C] -> [L, P]
   to_LP = lambda a: jnp.moveaxis(a, 1, 0).reshape(a.shape[1], P)
   batch_sq = jnp.stack([jnp.sum((s / P) ** 2) for s in gsum])
-  return noise.GroupMoments(sum_sqnorm_P=to_LP(sq), mean_sqnorm_P=to_LP(gsq),
-                            batch_mean_sqnorm=batch_sq, K=K)
+  moments = noise.GroupMoments(sum_sqnorm_P=to_LP(sq), mean_sqnorm_P=to_LP(gsq),
+                               batch_mean_sqnorm=batch_sq, K=K)
+  if not grouped:
+    return moments
+  return moments, jnp.stack([s @ s.T for s in gsums])
 
 
 def sum_leaves(moments, leaf_groups=None):

@@ -256,6 +256,43 @@ def exact_estimates(m: GroupMoments) -> dict[str, Array]:
               g2=m.batch_mean_sqnorm - S2 / P)
 
 
+def inter_by_group(m: GroupMoments, prompt_groups, gram) -> dict[str, Array]:
+  """Each prompt group's (e.g. difficulty's) share of tr Sigma_inter.
+
+  With G groups of n_d prompts, group sums S_d = sum_{p in d} gbar_p (their
+  Gram matrix ``gram`` [G, G] = S_d . S_e, from ``gradstats.group_moments``
+  with ``prompt_groups``), gbar = sum_d S_d / P and s2_p the within-prompt
+  variances of ``exact_estimates``, group d contributes
+
+    c_d = 1/(P-1) sum_{p in d} |gbar_p - gbar|^2  -  (n_d / P) trI_d / K,
+
+  trI_d = mean_{p in d} s2_p, where
+  sum_{p in d} |gbar_p - gbar|^2 = sum_{p in d} |gbar_p|^2 - 2 S_d . gbar
+  + n_d |gbar|^2. The c_d sum to ``exact_estimates``'s trace_inter exactly
+  (the same S2 - trI / K, split by group); each is the group's part of the
+  between-prompt scatter, net of the within-prompt noise it carries.
+  Returns ``dict(contribution [G], count [G], share [G])`` (share: c_d /
+  trace_inter). Summed-over-leaf moments and gram expected.
+  """
+  K, P = m.K, m.P
+  _check_K(K)
+  _check_P(P)
+  groups = jnp.asarray(prompt_groups, jnp.int32)
+  G = gram.shape[-1]
+  onehot = jax.nn.one_hot(groups, G, dtype=jnp.float32)          # [P, G]
+  count = jnp.sum(onehot, axis=0)                                  # [G]
+  s2_P = (m.sum_sqnorm_P - K * m.mean_sqnorm_P) / (K - 1)
+  sq_d = onehot.T @ m.mean_sqnorm_P                                # sum_{p in d} |gbar_p|^2
+  s2_d = onehot.T @ s2_P                                           # sum_{p in d} s2_p
+  cross_d = jnp.sum(gram, axis=-1) / P                             # S_d . gbar
+  gbar2 = jnp.sum(gram) / (P * P)                                  # |gbar|^2
+  scatter = sq_d - 2 * cross_d + count * gbar2
+  contrib = scatter / (P - 1) - s2_d / (P * K)
+  total = jnp.sum(contrib)
+  return dict(contribution=contrib, count=count,
+              share=contrib / jnp.where(total == 0, 1.0, total))
+
+
 # ----------------------------------------------------------------------------
 # Split-microbatch path.
 # ----------------------------------------------------------------------------

@@ -168,7 +168,10 @@ class LossConfig:
   attributes works, e.g. an ``ml_collections.ConfigDict``).
 
   Attributes:
-    clip_eps_low: lower clip, ratio floor ``1 - clip_eps_low``.
+    clip_eps_low: lower clip, ratio floor ``1 - clip_eps_low``; a value >= 1
+      puts the floor at or below 0, where no (positive) ratio reaches it: no
+      lower clip, so ``clip_eps_low = clip_eps_high = 10`` is PPO with
+      effectively no clipping in either direction.
     clip_eps_high: upper clip, ratio ceiling ``1 + clip_eps_high`` (DAPO's
       "clip-higher" sets it above clip_eps_low).  GSPO clips the SEQUENCE
       ratio and uses much smaller values (e.g. 3e-4 / 4e-4).
@@ -180,8 +183,8 @@ class LossConfig:
   clip_c: float | None = None
 
   def __post_init__(self):
-    if not 0.0 <= self.clip_eps_low < 1.0:
-      raise ValueError(f"clip_eps_low must be in [0, 1), got {self.clip_eps_low}")
+    if not self.clip_eps_low >= 0.0:
+      raise ValueError(f"clip_eps_low must be >= 0, got {self.clip_eps_low}")
     if self.clip_eps_high < 0.0:
       raise ValueError(f"clip_eps_high must be >= 0, got {self.clip_eps_high}")
     if self.clip_c and self.clip_c <= 1.0:

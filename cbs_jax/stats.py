@@ -97,8 +97,8 @@ def percentile_ci(replicates, level: float = 0.9) -> tuple[float, float]:
 
 def fmt(value, lo=None, hi=None, se=None, digits: int = 3) -> str:
   """``value [lo, hi]`` or ``value +- se`` with ``digits`` significant digits."""
-  g = lambda x: "inf" if x == math.inf else ("nan" if x is None or not math.isfinite(x)
-                                              else f"{x:.{digits}g}")
+  g = lambda x: "–" if x is None else ("inf" if x == math.inf else (
+      "nan" if not math.isfinite(x) else f"{x:.{digits}g}"))
   if lo is not None:
     return f"{g(value)} [{g(lo)}, {g(hi)}]"
   if se is not None:

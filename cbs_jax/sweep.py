@@ -172,9 +172,12 @@ def _prepare_run(root, name, config) -> tuple[str, dict, bool]:
     have = _read_json(cfg_path)
     if have is None:
       raise ValueError(f"{cfg_path} is unreadable; remove it (or the run) to rerun {name!r}")
-    diff = config_diff(have, want)
+    fa, fb, fd = _flatten(have), _flatten(want), _flatten(_as_json(config_lib.base_config()))
+    # a field the code gained after this run was stored, left at its default,
+    # does not make the run another run
+    diff = [k for k in config_diff(have, want)
+            if not (k not in fa and k in fd and fb.get(k) == fd[k])]
     if diff:
-      fa, fb = _flatten(have), _flatten(want)
       detail = ", ".join(f"{k}: stored {fa.get(k)!r} vs now {fb.get(k)!r}" for k in diff)
       raise ValueError(
           f"sweep run {name!r} in {workdir} was made with a different config "
@@ -188,12 +191,27 @@ def _prepare_run(root, name, config) -> tuple[str, dict, bool]:
   return workdir, want, False
 
 
+def _pin_worker(cores) -> None:
+  """Process-pool initializer: take one core from ``cores`` (a shared queue)
+  and make XLA single-threaded on it, before this process builds a backend."""
+  core = cores.get()
+  os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
+                             " --xla_cpu_multi_thread_eigen=false"
+                             " intra_op_parallelism_threads=1").strip()
+  if hasattr(os, "sched_setaffinity") and core is not None:
+    os.sched_setaffinity(0, {core})
+
+
+def _worker_run(run_fn, config, workdir):
+  return run_fn(config, workdir)
+
+
 def run_sweep(base_config: ml_collections.ConfigDict,
               overrides: Sequence[dict[str, Any]],
               root: str,
               names: Sequence[str] | None = None,
               run_fn: Callable[[ml_collections.ConfigDict, str], dict] = train.train_and_evaluate,
-              progress: bool = True) -> list[dict]:
+              progress: bool = True, workers: int = 1) -> list[dict]:
   """Run (or finish) every run of a sweep; returns the rows in sweep order.
 
   ``overrides[i]`` (dotted field -> value) applied to ``base_config`` gives
@@ -201,6 +219,13 @@ def run_sweep(base_config: ml_collections.ConfigDict,
   by ``run_fn(config, root/name)`` unless that workdir already holds its
   ``summary.json``. Every config is built, validated and compared with its
   stored ``config.json`` before the first run starts.
+
+  ``workers > 1`` runs that many runs at once, each in its own process
+  pinned to one CPU core with single-threaded XLA (``run_fn`` must then be
+  picklable, e.g. a module-level function). On a small CPU two
+  single-threaded runs side by side can finish a sweep sooner than one
+  multi-threaded run at a time (``experiments/bench_parallel.py`` measures
+  it). Only this process writes ``results.jsonl``.
   """
   overrides = [dict(o) for o in overrides]
   if names is None:
@@ -226,20 +251,54 @@ def run_sweep(base_config: ml_collections.ConfigDict,
   prepared = [_prepare_run(root, name, config) for name, _, config in runs]
   os.makedirs(root, exist_ok=True)
 
-  rows = []
-  bar = tqdm.tqdm(zip(runs, prepared), total=len(runs), desc="sweep", disable=not progress)
-  for (name, over, config), (workdir, cfg_json, stored) in bar:
-    bar.set_postfix_str(name)
+  if not isinstance(workers, int) or workers < 1:
+    raise ValueError(f"workers={workers!r} must be an integer >= 1")
+  rows = [None] * len(runs)
+  todo = []
+  for i, ((name, over, config), (workdir, cfg_json, stored)) in enumerate(zip(runs, prepared)):
     if not stored:
       os.makedirs(workdir, exist_ok=True)
       _write_atomic(os.path.join(workdir, "config.json"),
                     json.dumps(cfg_json, indent=2, sort_keys=True))
     summary = _read_json(os.path.join(workdir, "summary.json")) if stored else None
     if summary is None:  # never finished (or its summary was torn): (re)run, resuming
-      summary = run_fn(config, workdir)
-    row = dict(name=name, overrides=over, workdir=workdir, summary=summary)
-    _store_result(root, row)
-    rows.append(row)
+      todo.append(i)
+    else:
+      rows[i] = dict(name=name, overrides=over, workdir=workdir, summary=summary)
+      _store_result(root, rows[i])
+  bar = tqdm.tqdm(total=len(runs), initial=len(runs) - len(todo), desc="sweep",
+                  disable=not progress)
+
+  def finish(i, summary):
+    name, over, _ = runs[i]
+    rows[i] = dict(name=name, overrides=over, workdir=prepared[i][0], summary=summary)
+    _store_result(root, rows[i])
+    bar.update(1)
+
+  if workers == 1 or len(todo) <= 1:
+    for i in todo:
+      bar.set_postfix_str(runs[i][0])
+      finish(i, run_fn(runs[i][2], prepared[i][0]))
+  else:
+    import concurrent.futures  # pylint: disable=import-outside-toplevel
+    import multiprocessing  # pylint: disable=import-outside-toplevel
+    ctx = multiprocessing.get_context("spawn")
+    cores = ctx.Queue()
+    avail = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    for w in range(workers):
+      cores.put(avail[w % len(avail)] if avail else None)
+    with concurrent.futures.ProcessPoolExecutor(
+        max_workers=workers, mp_context=ctx, initializer=_pin_worker,
+        initargs=(cores,)) as pool:
+      futures = {pool.submit(_worker_run, run_fn, runs[i][2], prepared[i][0]): i
+                 for i in todo}
+      try:
+        for fut in concurrent.futures.as_completed(futures):
+          finish(futures[fut], fut.result())
+      except BaseException:
+        for fut in futures:  # a failed run stops the sweep: start nothing new
+          fut.cancel()
+        raise
   bar.close()
   return rows
 
@@ -266,7 +325,7 @@ def main(argv):
     spec = json.loads(_SWEEP.value)
   except json.JSONDecodeError as e:
     raise ValueError(f"--sweep is not valid JSON ({e}): {_SWEEP.value!r}") from e
-  rows = run_sweep(_CONFIG.value, grid(spec), _WORKDIR.value)
+  rows = run_sweep(_CONFIG.value, grid(spec), _WORKDIR.value, workers=_WORKERS.value)
   for row in rows:
     s = row["summary"] or {}
     print(json.dumps({"name": row["name"]} | {
@@ -283,5 +342,7 @@ if __name__ == "__main__":
   _WORKDIR = flags.DEFINE_string("workdir", None, "Sweep root: one subdirectory per run.")
   _SWEEP = flags.DEFINE_string("sweep", "{}", 'JSON {"dotted.field": [values], ...}; '
                                "the grid is their cartesian product.")
+  _WORKERS = flags.DEFINE_integer("workers", 1, "Runs at once, each single-threaded on "
+                                  "its own core (1 = one run at a time, all cores).")
   flags.mark_flags_as_required(["config", "workdir"])
   app.run(main)

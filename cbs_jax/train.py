@@ -182,10 +182,6 @@ def round_batch(config, graphdef, behaviour, ref_params, setup: Setup, rnd: int,
   return b, out["rewards"], out
 
 
-_generate = jax.jit(sampling.generate, static_argnums=0, static_argnames=(
-    "max_new_tokens", "eos_id", "pad_id", "temperature", "top_k", "top_p", "suppress_ids"))
-
-
 def _process_rollout(config, graphdef, params, setup: Setup, problems, K, key, mesh) -> dict:
   """``rollouts.rollout`` across processes: this process encodes, decodes and
   verifies only the prompts whose K rollouts live on its devices
@@ -202,10 +198,11 @@ def _process_rollout(config, graphdef, params, setup: Setup, problems, K, key, m
   prompt, pmask = rollouts.encode_prompts(setup.tok, mine, setup.layout)
   prompt, pmask = (sharding.global_batch(np.repeat(x, K, axis=0), mesh, B)
                    for x in (prompt, pmask))
-  out = _generate(graphdef, params, prompt, pmask, key,
-                  max_new_tokens=setup.layout.completion_len, eos_id=setup.tok.eos_id,
-                  pad_id=setup.tok.pad_id, temperature=sc.temperature, top_k=sc.top_k,
-                  top_p=sc.top_p, suppress_ids=tuple(sc.suppress_ids))
+  sampler = sampling.make_sampler(  # jitted; its KV cache is sharded like the batch
+      graphdef, max_new_tokens=setup.layout.completion_len, eos_id=setup.tok.eos_id,
+      pad_id=setup.tok.pad_id, temperature=sc.temperature, top_k=sc.top_k, top_p=sc.top_p,
+      suppress_ids=tuple(sc.suppress_ids))
+  out = sampler(params, prompt, pmask, key)
   texts = rollouts.decode(setup.tok, sharding.local_rows(out.tokens, mesh))
   local = rollouts.verify(setup.task, [p for p in mine for _ in range(K)], texts)
   rewards = sharding.host(sharding.global_batch(local, mesh, B)).reshape(-1, K)
@@ -290,8 +287,7 @@ class RoundUpdater:
                                    c.sampling, c.noise.chunk_prompts)
 
   def _drift_estimates(self, moments):
-    est = noise.exact_estimates(gradstats.sum_leaves(moments))
-    return dict(trace_intra=est["trace_intra"], g2=est["g2"])
+    return noise.exact_estimates(gradstats.sum_leaves(moments))
 
   def _place(self, x):
     """Split a minibatch's rollout axis over the mesh's data axis."""
@@ -634,8 +630,8 @@ def round_row(run: Run, r1: int, P: int, rewards, gen, rows: list, extras: dict,
       for k in ("trace_intra", "trace_inter", "g2"):
         row[f"noise_exact/{k}/{g}"] = float(est[k])
   if "drift" in extras:
-    row["trace_intra_by_update"] = [float(x) for x in extras["drift"]["trace_intra"]]
-    row["g2_by_update"] = [float(x) for x in extras["drift"]["g2"]]
+    for k in ("trace_intra", "trace_inter", "g2"):
+      row[f"{k}_by_update"] = [float(x) for x in extras["drift"][k]]
   return row
 
 
@@ -681,7 +677,8 @@ def _train_rl(c, workdir, setup):
     ev = evaluate(run, run.state["params"])
     meta["base_pass_rate"] = eval_score(ev)
     run.writer.write({"round": 0, "rollouts_seen": 0} | ev)
-  end = meta["round"] if meta.get("stopped_at_target") else c.train.num_rounds
+  stopped = meta.get("stopped_at_target") or meta.get("stopped_collapsed")
+  end = meta["round"] if stopped else c.train.num_rounds
   bar = tqdm.tqdm(range(meta["round"], end), initial=meta["round"], desc="rl",
                   total=c.train.num_rounds, disable=not c.train.progress, mininterval=1.0)
   for rnd in bar:
@@ -704,11 +701,14 @@ def _train_rl(c, workdir, setup):
     score = eval_score(row)
     reached = bool(c.train.stop_at_pass_rate) and score is not None and \
         score >= c.train.stop_at_pass_rate
+    collapsed = bool(c.train.stop_below_pass_rate) and score is not None and \
+        score < c.train.stop_below_pass_rate
+    if reached or collapsed:
+      meta["stopped_at_target" if reached else "stopped_collapsed"] = True
     if (c.train.checkpoint_every and r1 % c.train.checkpoint_every == 0) or \
-        r1 == c.train.num_rounds or reached:
+        r1 == c.train.num_rounds or reached or collapsed:
       checkpoint(run, r1)
-    if reached:
-      meta["stopped_at_target"] = True
+    if reached or collapsed:
       break
   bar.close()
   run.writer.close()
@@ -743,6 +743,7 @@ def _summarise(c, workdir, meta, base_summary, wall):
       rounds=meta["round"], rollouts_seen=meta["rollouts_seen"],
       optimizer_steps=meta["step"], skipped_updates=meta["skipped_updates"],
       stopped_at_target=meta.get("stopped_at_target", False),
+      stopped_collapsed=meta.get("stopped_collapsed", False),
       wall_seconds_this_call=wall,
       gen_seconds=float(sum(r.get("gen_seconds", 0) for r in rows)),
       update_seconds=float(sum(r.get("update_seconds", 0) for r in rows)),

@@ -151,3 +151,79 @@ def test_param_groups_cover_every_leaf():
   _, params = tiny_model()
   groups = [gradstats.param_group(p) for p in gradstats.leaf_paths(params)]
   assert set(groups) == set(gradstats.PARAM_GROUPS)
+
+
+def _naive_breakdown(g, groups):
+  """Per-group contributions to tr Sigma_inter computed directly from the
+  per-rollout gradients g [P, K, D] (independent of noise.inter_by_group)."""
+  Pn, Kn = g.shape[:2]
+  gbar_p = g.mean(axis=1)
+  gbar = gbar_p.mean(axis=0)
+  s2 = ((g - gbar_p[:, None]) ** 2).sum(axis=(1, 2)) / (Kn - 1)
+  out = []
+  for d in sorted(set(groups)):
+    sel = np.asarray(groups) == d
+    scatter = ((gbar_p[sel] - gbar) ** 2).sum()
+    out.append(scatter / (Pn - 1) - s2[sel].sum() / (Pn * Kn))
+  return np.array(out)
+
+
+def test_inter_prompt_breakdown_sums_to_the_pooled_term_synthetic():
+  rng = np.random.default_rng(3)
+  Pn, Kn, D = 12, 6, 7
+  groups = rng.integers(0, 3, size=Pn)
+  groups[:3] = [0, 1, 2]  # every group present
+  offset = np.array([0.0, 2.0, -1.0])[groups]  # groups differ in mean
+  g = rng.normal(size=(Pn, Kn, D)) + rng.normal(size=(Pn, 1, D)) + offset[:, None, None]
+  m = noise.moments_from_grads(jnp.asarray(g, jnp.float32))
+  S = np.stack([g.mean(axis=1)[groups == d].sum(axis=0) for d in range(3)])
+  out = noise.inter_by_group(m, groups, jnp.asarray(S @ S.T, jnp.float32))
+  total = noise.exact_estimates(m)["trace_inter"]
+  np.testing.assert_allclose(np.sum(out["contribution"]), total, rtol=1e-5)
+  np.testing.assert_allclose(out["contribution"], _naive_breakdown(g, groups), rtol=1e-4,
+                             atol=1e-5)
+  np.testing.assert_allclose(out["count"], np.bincount(groups, minlength=3))
+  np.testing.assert_allclose(np.sum(out["share"]), 1.0, rtol=1e-5)
+
+
+def test_grouped_moments_on_the_model_match_a_python_loop():
+  graphdef, params = tiny_model()
+  batch = make_batch(graphdef, params, seed=4)
+  rl_cfg, s_cfg = cfgs("seq_mean_token_sum_norm")
+  g = naive_per_rollout_grads(graphdef, params, batch, rl_cfg, s_cfg)
+  groups = np.array([0, 1, 1, 0])
+  mom, gram = gradstats.group_moments(params, graphdef, batch, P, K, rl_cfg, s_cfg,
+                                      chunk_prompts=2, prompt_groups=groups, num_groups=2)
+  m = gradstats.sum_leaves(mom)
+  ref = noise.moments_from_grads(jnp.asarray(g, jnp.float32))
+  np.testing.assert_allclose(m.sum_sqnorm_P, ref.sum_sqnorm_P, rtol=1e-4)
+  out = noise.inter_by_group(m, groups, jnp.sum(gram, axis=0))
+  np.testing.assert_allclose(out["contribution"], _naive_breakdown(g, groups), rtol=1e-3,
+                             atol=1e-6)
+
+
+def test_noise_in_adams_metric_matches_scaled_per_rollout_gradients():
+  """Exact moments with a metric D equal those of D * g_i from the loop."""
+  graphdef, params = tiny_model()
+  batch = make_batch(graphdef, params, seed=5)
+  rl_cfg, s_cfg = cfgs("seq_mean_token_mean")
+  rng = np.random.default_rng(6)
+  metric = jax.tree.map(lambda x: jnp.asarray(rng.uniform(0.5, 3.0, x.shape), jnp.float32),
+                        params)
+  g = naive_per_rollout_grads(graphdef, params, batch, rl_cfg, s_cfg)
+  d = np.concatenate([np.ravel(x) for x in jax.tree.leaves(metric)])
+  ref = noise.moments_from_grads(jnp.asarray(g * d, jnp.float32))
+  m = gradstats.sum_leaves(gradstats.group_moments(params, graphdef, batch, P, K, rl_cfg,
+                                                   s_cfg, chunk_prompts=2, metric=metric))
+  np.testing.assert_allclose(m.sum_sqnorm_P, ref.sum_sqnorm_P, rtol=1e-4)
+  np.testing.assert_allclose(m.batch_mean_sqnorm, ref.batch_mean_sqnorm, rtol=1e-4)
+  # the split path in the same metric: moments of the scaled quarter means
+  _, _, _, (raw, scaled) = gradstats.split_grads(params, graphdef, batch, P, K, rl_cfg,
+                                                 s_cfg, metric=metric)
+  gd = g * d
+  q = np.stack([np.stack([gd[a * P // 2:(a + 1) * P // 2, b * K // 2:(b + 1) * K // 2]
+                          .mean(axis=(0, 1)) for b in range(2)]) for a in range(2)])
+  want = noise.split_moments_from_quarters(jnp.asarray(q), P, K)
+  got = gradstats.sum_leaves(scaled)
+  for f in ("d_intra", "d_inter", "cross"):
+    np.testing.assert_allclose(getattr(got, f), getattr(want, f), rtol=1e-4, atol=1e-7)

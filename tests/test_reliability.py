@@ -439,7 +439,7 @@ def _adaptive(c, **over):
 _POSITIVE_FLOATS = ("optim.lr", "sft.lr", "sampling.temperature", "train.eval_temperature",
                     "rl.clip_eps_low", "rl.clip_eps_high", "optim.eps", "rl.adv_eps")
 _UNIT_INTERVAL = ("optim.b1", "optim.b2", "rl.gamma", "rl.lam", "sft.label_noise") + \
-    tuple(f for f in ("train.stop_at_pass_rate",) if _has(f))  # (being added by the lead)
+    ("train.stop_at_pass_rate", "train.stop_below_pass_rate")
 _MODEL_INTS = ("vocab_size", "d_model", "num_layers", "num_heads", "num_kv_heads",
                "d_ff", "max_len")
 
@@ -457,7 +457,7 @@ BAD_FIELDS = (
     + [(f, 1.5) for f in _UNIT_INTERVAL] + [(f, -0.1) for f in _UNIT_INTERVAL]
     + [("sampling.top_p", 0.0), ("sampling.top_p", 1.5), ("sampling.top_p", float("nan")),
        ("noise.ema_decay", 1.0), ("noise.ema_decay", -0.5),
-       ("rl.clip_eps_low", 1.0), ("rl.clip_c", 0.5), ("rl.clip_c", 1.0),
+       ("rl.clip_c", 0.5), ("rl.clip_c", 1.0),
        ("optim.weight_decay", float("nan"))]
     + [(f"model.{f}", 0) for f in _MODEL_INTS]
     + [("model.num_heads", 3), ("model.num_kv_heads", 3), ("model.dtype", "float16"),
@@ -790,3 +790,77 @@ def test_sweep_cli_runs_the_grid(tmp_path, compile_cache):
                        env=subprocess_env(compile_cache), capture_output=True, text=True,
                        timeout=600)
   assert bad.returncode != 0 and "batch.num_promts" in bad.stderr
+
+
+def test_sweep_with_two_workers_gives_the_single_process_results(tmp_path):
+  """Two runs at once (spawned, pinned, single-threaded XLA) produce the same
+  summaries as the same sweep run one at a time in this process."""
+  base = config_lib.base_config()
+  base.model.d_model, base.model.d_ff, base.model.num_layers = 32, 64, 1
+  base.task.kwargs.max_digits = 1
+  base.sft.steps, base.sft.batch_size, base.sft.eval_every = 5, 16, 0
+  base.sft.base_dir = str(tmp_path / "sft_base")  # shared by every run
+  base.batch.num_prompts, base.batch.rollouts_per_prompt = 2, 4
+  base.train.num_rounds, base.train.eval_every, base.train.eval_prompts = 2, 0, 16
+  base.train.eval_sampled, base.train.progress = False, False
+  grid = sweep.grid({"seed": [0, 1]})
+  one = sweep.run_sweep(base, grid, str(tmp_path / "one"), progress=False)
+  two = sweep.run_sweep(base, grid, str(tmp_path / "two"), progress=False, workers=2)
+  keys = ("final_pass_rate", "rollouts_seen", "optimizer_steps", "rounds")
+  for a, b in zip(one, two):
+    assert a["name"] == b["name"]
+    for k in keys:
+      assert a["summary"][k] == pytest.approx(b["summary"][k], rel=1e-5), k
+  assert len(sweep.read_results(str(tmp_path / "two"))) == 2
+  with pytest.raises(ValueError, match="workers"):
+    sweep.run_sweep(base, grid, str(tmp_path / "three"), workers=0)
+
+
+def test_stored_config_without_a_new_default_field_still_matches(tmp_path):
+  """A run stored before the code gained a field (left at its default) is
+  the same run; a non-default value of that field is another run."""
+  base = config_lib.base_config()
+  root = str(tmp_path)
+  wd = os.path.join(root, "base")
+  os.makedirs(wd)
+  stored = json.loads(json.dumps(base.to_dict(), default=str))
+  del stored["train"]["stop_below_pass_rate"]  # as written by older code
+  with open(os.path.join(wd, "config.json"), "w") as f:
+    json.dump(stored, f)
+  with open(os.path.join(wd, "summary.json"), "w") as f:
+    json.dump({"final_pass_rate": 0.5}, f)
+  rows = sweep.run_sweep(base, [{}], root, progress=False)
+  assert rows[0]["summary"] == {"final_pass_rate": 0.5}  # read back, not rerun
+  with pytest.raises(ValueError, match="train.stop_below_pass_rate"):
+    sweep.run_sweep(base, [{"train.stop_below_pass_rate": 0.2}], root, names=["base"],
+                    progress=False)
+
+
+def test_run_below_the_floor_stops_and_says_so(tmp_path):
+  c = config_lib.base_config()
+  c.model.d_model, c.model.d_ff, c.model.num_layers = 32, 64, 1
+  c.task.kwargs.max_digits = 1
+  c.sft.steps, c.sft.batch_size, c.sft.eval_every = 5, 16, 0
+  c.batch.num_prompts, c.batch.rollouts_per_prompt = 2, 4
+  c.train.num_rounds, c.train.eval_every, c.train.eval_prompts = 6, 2, 16
+  c.train.eval_sampled, c.train.progress = False, False
+  c.train.stop_below_pass_rate = 0.99  # a 5-step SFT base is far below it
+  s = train.train_and_evaluate(c, str(tmp_path))
+  assert s["stopped_collapsed"] and not s["stopped_at_target"] and s["rounds"] == 2
+  rows = metrics_lib.read_jsonl(os.path.join(tmp_path, "metrics.jsonl"))
+  assert [r["round"] for r in rows] == [0, 1, 2]
+  again = train.train_and_evaluate(c, str(tmp_path))  # a rerun does not continue it
+  assert again["rounds"] == 2
+
+
+def test_checkpoint_without_a_new_default_model_field_is_the_same_model(tmp_path):
+  """A checkpoint written before the model config gained a field (the
+  field's default is what that model was) loads; another value does not."""
+  ck = ckpt_lib.Checkpointer(str(tmp_path / "ck"))
+  model = model_lib.default_config().to_dict()
+  old = {k: v for k, v in model.items() if k != "qk_norm"}  # as older code wrote it
+  ck.save(1, {"x": np.zeros(2, np.float32)}, {"model": old})
+  ck.check_model(model, 1)
+  with pytest.raises(ckpt_lib.CheckpointError, match="model.qk_norm"):
+    ck.check_model(dict(model, qk_norm=True), 1)
+  ck.close()

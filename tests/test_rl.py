@@ -571,3 +571,25 @@ def test_value_loss():
   assert float(g[0, 0]) == 0.0               # clipped branch: no gradient
   with pytest.raises(ValueError, match="old_values"):
     rl.value_loss(v, ret, mask, clip=0.2)
+
+
+def test_symmetric_clip_ten_is_the_unclipped_importance_weighted_gradient():
+  """clip_eps_low = clip_eps_high = 10: the PPO loss's gradient equals the
+  plain importance-weighted policy gradient (``pg``), computed independently
+  by hand as -r A dlogp, wherever no ratio leaves [1/11, 11]."""
+  rng = np.random.default_rng(0)
+  B, T = 6, 5
+  logp = jnp.asarray(rng.normal(-1.5, 0.5, (B, T)), jnp.float32)
+  logp_old = logp + jnp.asarray(rng.uniform(-2.0, 2.0, (B, T)), jnp.float32)
+  ratio = np.exp(np.asarray(logp - logp_old))
+  assert ratio.min() > 1 / 11 and ratio.max() < 11
+  adv = jnp.asarray(rng.normal(size=(B, T)), jnp.float32)
+  mask = jnp.asarray(rng.uniform(size=(B, T)) > 0.2, jnp.float32)
+  cfg = rl.LossConfig(clip_eps_low=10.0, clip_eps_high=10.0)
+  g_ppo = jax.grad(lambda lp: rl.ppo_loss(lp, logp_old, adv, mask, cfg)[0].sum())(logp)
+  g_pg = jax.grad(lambda lp: rl.pg_loss(lp, logp_old, adv, mask)[0].sum())(logp)
+  by_hand = -ratio * np.asarray(adv) * np.asarray(mask)  # d(-r A)/dlogp = -r A
+  np.testing.assert_allclose(g_ppo, by_hand, rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(g_pg, by_hand, rtol=1e-5, atol=1e-6)
+  _, aux = rl.ppo_loss(logp, logp_old, adv, mask, cfg)
+  assert float(aux["clipped_BxT"].sum()) == 0.0

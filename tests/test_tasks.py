@@ -688,3 +688,32 @@ def test_gsm8k_verify_property(case):
         text, number = case
         assert task.verify(p, text) == (1.0 if number == 1200 else 0.0)
         assert task.verify(_gsm(str(number)), text) == 1.0
+
+
+def test_arithmetic_worked_steps_format():
+    task = ArithmeticTask(min_digits=1, max_digits=3, ops="+-", solution_format="steps")
+    assert not task.enumerable and ";" in task.alphabet
+    problems = task.sample(np.random.default_rng(0), 3000)
+    for p in problems:
+        a, op, b = p.meta
+        assert task.verify(p, p.solution) == 1.0
+        assert len(p.solution) <= task.max_completion_len
+        steps = p.solution.split(";")
+        running = a
+        for step in steps[:-1]:  # each step is right arithmetic, chained
+            lhs, rhs = step.split("=")
+            x, part = (lhs[:lhs.index(op, 1)], lhs[lhs.index(op, 1) + 1:])
+            assert int(x) == running
+            running = int(x) + int(part) if op == "+" else int(x) - int(part)
+            assert int(rhs) == running
+        assert int(steps[-1]) == running == int(p.answer)
+    # only the final answer is checked; a wrong one fails
+    p = problems[0]
+    assert task.verify(p, "anything;" + p.answer) == 1.0
+    assert task.verify(p, p.solution + "1") == 0.0
+    assert np.mean([len(p.solution) for p in problems]) > 4 * np.mean(
+        [len(p.answer) for p in problems])
+    with pytest.raises(ValueError, match="solution_format"):
+        ArithmeticTask(solution_format="essay")
+    with pytest.raises(ValueError, match="'\\*'"):
+        ArithmeticTask(ops="+*", solution_format="steps")

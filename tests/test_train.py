@@ -125,6 +125,36 @@ def test_reuse_makes_kappa_positive_and_growing(easy_task, tmp_path):
   assert mean[3] > mean[1], mean  # later updates drift further
 
 
+def test_heldout_kappa_has_no_jump_at_the_epoch_boundary(tmp_path):
+  """kappa on the probe (rollouts no update is fitted to) at the first update
+  of the second epoch follows the first epoch's trend (a power law in the
+  update index fitted on updates 1-3); kappa on the update's own minibatch is
+  the biased one (it was fitted to at update 0)."""
+  c = config_lib.base_config()
+  c.task.kwargs.max_digits = 1
+  c.model.d_model, c.model.d_ff, c.model.num_layers = 32, 64, 1
+  c.sft.steps, c.sft.lr, c.sft.batch_size, c.sft.eval_every = 150, 1e-2, 64, 0
+  c.sft.label_noise = 0.3
+  c.batch.num_prompts, c.batch.rollouts_per_prompt = 16, 8
+  c.batch.num_minibatches, c.batch.num_epochs = 4, 2
+  c.optim.lr, c.optim.ref_batch, c.optim.warmup_steps = 3e-3, 32, 0
+  c.drift.probe_prompts = 16
+  c.noise.split_every = 0
+  c.train.num_rounds, c.train.eval_every, c.train.eval_prompts = 4, 0, 32
+  c.train.eval_sampled, c.train.progress = False, False
+  train.train_and_evaluate(c, str(tmp_path))
+  rows = metrics_lib.read_jsonl(os.path.join(tmp_path, "metrics.jsonl"))[1:]
+  held = np.array([r["heldout_kappa_exact_by_update"] for r in rows])  # rounds x 8
+  assert held.shape == (4, 8) and np.all(held[:, 0] == 0.0) and np.all(held[:, 1:] > 0)
+  k3 = np.array([r["heldout_kappa_k3_by_update"] for r in rows])
+  assert np.corrcoef(held[:, 1:].ravel(), k3[:, 1:].ravel())[0, 1] > 0.8  # same drift
+  for kappa in held:
+    j = np.arange(1, 4)
+    slope, icpt = np.polyfit(np.log(j), np.log(kappa[1:4]), 1)
+    predicted = np.exp(icpt + slope * np.log(4.0))
+    assert 0.5 < kappa[4] / predicted < 2.0, (kappa, predicted)
+
+
 BAD_CONFIGS = [
     ("--config.rl.clip_eps=10.0", "clip_eps"),                 # unknown field
     ("--config.batch.num_prompts=abc", "num_prompts"),         # wrong type

@@ -35,6 +35,13 @@ is checked); anything else, or more than 64 characters, scores 0.
 `accepted_completions` lists all of those variants within a length budget
 (the exact expected pass rate counts every one of them).
 
+`solution_format="steps"` (a long-completion variant for '+' and '-'): the
+SFT solution works the sum out one place value of b at a time
+("123+456=" -> "123+400=523;523+50=573;573+6=579;579", ~4x the tokens of
+the answer alone) and verify reads the final answer after the last ';'
+(the worked part is not checked, so the task is not `enumerable`: its eval
+is the sampled pass rate). `max_completion_len` is then an upper bound.
+
 Split: `problem_key` is "{a}{op}{b}" (see `base`); 1-digit problems (200
 with "+-") keep ~20 for eval.
 """
@@ -56,6 +63,26 @@ _INT_RE = re.compile(r"-?[0-9]+")
 def _lo_hi(d: int) -> tuple[int, int]:
     """Inclusive operand range for a d-digit operand."""
     return (0 if d == 1 else 10 ** (d - 1)), 10 ** d - 1
+
+
+FORMATS = ("answer", "steps")
+
+
+def worked_solution(a: int, op: str, b: int) -> str:
+    """The "steps" solution of a op b ('+' or '-'): b is added or subtracted
+    one place value at a time, most significant first, each step written
+    "{running}{op}{part}={new running};", then the answer. 123+456 ->
+    "123+400=523;523+50=573;573+6=579;579" (zero digits of b are skipped;
+    b = 0 is one step)."""
+    digits = str(b)
+    parts = [int(ch) * 10 ** (len(digits) - 1 - i) for i, ch in enumerate(digits)
+             if ch != "0"] or [0]
+    out, r = [], a
+    for part in parts:
+        new = _apply(r, op, part)
+        out.append(f"{r}{op}{part}={new};")
+        r = new
+    return "".join(out) + str(r)
 
 
 def _apply(a: int, op: str, b: int) -> int:
@@ -82,7 +109,7 @@ class ArithmeticTask(base.Task):
 
     def __init__(self, min_digits: int = 1, max_digits: int = 4,
                  ops: str = "+-*", digit_weights=None,
-                 mul_max_digits: int = 2):
+                 mul_max_digits: int = 2, solution_format: str = "answer"):
         self.min_digits = base.check_int("min_digits", min_digits, 1,
                                          MAX_DIGITS_LIMIT)
         self.max_digits = base.check_int("max_digits", max_digits, 1,
@@ -97,8 +124,18 @@ class ArithmeticTask(base.Task):
         self.digit_weights = self._check_weights(digit_weights)
 
         self.name = "arithmetic"
-        self.alphabet = "0123456789+-*="
+        if solution_format not in FORMATS:
+            raise ValueError(f"solution_format={solution_format!r} is not one of "
+                             f"{list(FORMATS)}")
+        if solution_format == "steps" and "*" in self.ops:
+            raise ValueError(f"solution_format='steps' works out '+' and '-' only; "
+                             f"ops={self.ops!r} has '*'")
+        self.solution_format = solution_format
+        self.alphabet = "0123456789+-*=" + (";" if solution_format == "steps" else "")
         self.max_prompt_len, self.max_completion_len = self._max_lens()
+        if solution_format == "steps":
+            self.enumerable = False  # any worked text before the final answer is accepted
+            self.max_completion_len = self._max_steps_len()
 
     def _check_weights(self, weights) -> np.ndarray:
         k = len(self.digit_counts)
@@ -146,6 +183,14 @@ class ArithmeticTask(base.Task):
                             max_sol = max(max_sol, len(str(_apply(a, op, b))))
         return max_prompt, max_sol
 
+    def _max_steps_len(self) -> int:
+        """An upper bound on the worked solution's length: one step per
+        digit of b, each "{r}{op}{part}={r'};" with r, r' at most
+        max_digits + 1 digits and a sign, then the answer."""
+        w = self.max_digits + 2  # digits of any running value, with its sign
+        step = w + 1 + self.max_digits + 1 + w + 1
+        return self.max_digits * step + w
+
     def draw(self, rng: np.random.Generator, n: int) -> list[base.Problem]:
         n = base.check_n(n)
         op_idx = rng.integers(len(self.ops), size=n)
@@ -163,8 +208,10 @@ class ArithmeticTask(base.Task):
             a, b = int(operands[i, 0]), int(operands[i, 1])
             result = str(_apply(a, op, b))
             difficulty = int(digits[i].max()) + (1 if op == "*" else 0)
+            solution = (worked_solution(a, op, b) if self.solution_format == "steps"
+                        else result)
             problems.append(base.Problem(
-                prompt=f"{a}{op}{b}=", answer=result, solution=result,
+                prompt=f"{a}{op}{b}=", answer=result, solution=solution,
                 difficulty=difficulty, meta=(a, op, b)))
         return problems
 
@@ -193,6 +240,10 @@ class ArithmeticTask(base.Task):
     def verify(self, problem: base.Problem, completion: str) -> float:
         if not isinstance(completion, str):
             return 0.0
+        if self.solution_format == "steps":  # the final answer, after the last ';'
+            if len(completion) > _MAX_VERIFY_CHARS * 4:
+                return 0.0
+            completion = completion.rpartition(";")[2]
         text = completion.strip()
         if len(text) > _MAX_VERIFY_CHARS or not _INT_RE.fullmatch(text):
             return 0.0

@@ -1,0 +1,150 @@
+"""The off-policy batch-size law: each generation round's N rollouts reused
+for 4 and for 8 updates, against the on-policy law on the same grid.
+
+    python experiments/batch_law_off_policy.py                 # (~1.5 h, 2 workers)
+    python experiments/batch_law_off_policy.py --quick         # tiny smoke version
+
+Runs ``configs/batch_law.py:off4`` and ``:off8`` through ``cbs_jax.sweep``
+(resumable) under ``--root``: the on-policy grid (N = 64 ... 16,384 rollouts
+per generation round, K = 16, 3 seeds, the same lr0 and sqrt rule on the
+rollouts of one update, N / m), each round split into m = 4 or 8 prompt
+minibatches, one epoch: m optimizer updates per round, all but the first
+off-policy (importance ratios against the stored behaviour log-probs, PPO
+clip 0.2). Steps-to-target are counted in generation rounds (the unit of
+the published off-policy claim: how many times one must generate) and in
+optimizer steps; rollouts-to-target E = N x rounds. S(N) in rounds is
+fitted per target as on-policy, and the ratio B_crit(off) / B_crit(on)
+is given with a bootstrap interval (independent bootstrap replicates of
+the two fits, paired at random). The on-policy sweep is read from
+``--on_root`` (run experiments/batch_law_on_policy.py first; its finished
+runs are read back, not rerun).
+
+Writes experiments/results/batch_law_off_policy/: table (.md, .csv),
+per-run CSV, S(N) / Pareto / learning-curve figures for m = 4 and 8, fits
+JSON and manifest.json.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+
+from absl import logging
+
+from cbs_jax import batch as batch_lib
+from cbs_jax import report
+from cbs_jax import stats
+from cbs_jax import study
+from configs import batch_law
+
+NAME = "batch_law_off_policy"
+
+
+def parse_args(argv=None):
+  ap = argparse.ArgumentParser(description=__doc__,
+                               formatter_class=argparse.RawDescriptionHelpFormatter)
+  ap.add_argument("--root", default="runs/batch_law_off",
+                  help="sweep root of the off-policy runs (--quick: <out>/runs)")
+  ap.add_argument("--on_root", default="runs/batch_law_on",
+                  help="sweep root of the on-policy study (--quick: <out>/runs_on)")
+  ap.add_argument("--out", default="experiments/results",
+                  help="results parent folder (--quick: a fresh temp folder)")
+  ap.add_argument("--workers", type=int, default=2,
+                  help="runs at once, each single-threaded on its own core")
+  ap.add_argument("--reuse", default="4,8", help="updates per round (m) to run")
+  ap.add_argument("--quick", action="store_true", help="tiny smoke version")
+  args = ap.parse_args(argv)
+  if args.quick:
+    if args.out == "experiments/results":
+      args.out = tempfile.mkdtemp(prefix="cbs_quick_")
+    args.root = os.path.join(args.out, "runs")
+    args.on_root = os.path.join(args.out, "runs_on")
+  return args
+
+
+def quick_overrides(m):
+  return [dict(o, **{"batch.num_minibatches": m}) for o in batch_law.sweep("quick")
+          if o["batch.num_prompts"] >= m]
+
+
+def main(argv=None):
+  args = parse_args(argv)
+  logging.set_verbosity(logging.WARNING)
+  t0 = time.time()
+  out = report.Results(NAME, root=args.out)
+  ms = [int(m) for m in args.reuse.split(",")]
+  arg_on = "quick" if args.quick else "on"
+  tgt = batch_law.targets(arg_on)
+  c_on = batch_law.get_config(arg_on)
+  if args.quick:  # its own tiny on-policy sweep
+    on_rows = study.run_study(c_on, batch_law.sweep(arg_on), args.on_root, workers=args.workers)
+  else:  # read back, never rerun: experiments/batch_law_on_policy.py runs it
+    on_rows = study.read_finished(batch_law.sweep(arg_on), args.on_root)
+  on = study.collect(on_rows, tgt, c_on)
+  fits = {"on": study.fit_targets(on, tgt)}
+  records = {"on": on}
+  configs = {"on": c_on}
+  for m in ms:
+    name = f"off{m}"
+    if args.quick:
+      c, over = batch_law.get_config("quick"), quick_overrides(m)
+    else:
+      c, over = batch_law.get_config(name), batch_law.sweep(name)
+    rows = study.run_study(c, over, os.path.join(args.root, name), workers=args.workers)
+    records[name] = study.collect(rows, tgt, c)
+    fits[name] = study.fit_targets(records[name], tgt, x="rounds")
+    fits[f"{name}_steps"] = study.fit_targets(records[name], tgt, x="steps")
+    configs[name] = c
+
+  # ------------------------------------------------------------ tables
+  show, cols = [], None
+  for name, recs in records.items():
+    rows, cols = study.summary_table(study.per_batch_rows(recs, tgt), tgt,
+                                     extra=("updates/round",))
+    for r, raw in zip(rows, study.per_batch_rows(recs, tgt)):
+      r["updates/round"] = raw["updates_per_round"]
+    show += rows
+  ratio_lines = ["| target | m | B_crit(off) / B_crit(on) (rounds) | 90% interval |",
+                 "|---|---|---|---|"]
+  for name in records:
+    if name == "on":
+      continue
+    for t in tgt:
+      t = float(t)
+      a, b = fits[name][t], fits["on"][t]
+      if "error" in a or "error" in b:
+        ratio_lines.append(f"| {t} | {name[3:]} | – | unresolved (a fit is missing) |")
+        continue
+      lo, hi = batch_lib.ratio_interval(a["boot_B_crit"], b["boot_B_crit"])
+      both = a["resolved"] and b["resolved"]
+      ratio_lines.append(f"| {t} | {name[3:]} | {a['B_crit'] / b['B_crit']:.3g} | "
+                         f"[{stats.fmt(lo)}, {stats.fmt(hi)}]"
+                         f"{'' if both else ' (a fit is unresolved)'} |")
+  notes = []
+  for name in fits:
+    unit = "optimizer steps" if name.endswith("_steps") else "rounds"
+    notes += [f"## {name}: S(N) = S_min (1 + B_crit / N) in {unit}", "",
+              *study.fit_lines(fits[name], unit), ""]
+  notes += ["## Off-policy over on-policy critical batch size (S in generation rounds)", "",
+            *ratio_lines, "",
+            "Published: on-policy ~311 rollouts, off-policy ~5,400-5,900 (~18x).",
+            "Intervals: S and E, 90% t-intervals over seeds; fits and the ratio, 90% "
+            f"bootstrap percentile intervals. Command: `{' '.join(['python'] + sys.argv)}`."]
+  out.table(show, cols, title="Off-policy batch-size law: each round reused for m updates "
+            "(rounds-to-target S, rollouts-to-target E)", notes="\n".join(notes))
+  study.write_runs_csv(out.path("_runs.csv"), [r for rs in records.values() for r in rs],
+                       tgt)
+  study.save_fits(out.path("_fits.json"), fits)
+  main_t = float(tgt[len(tgt) // 2])
+  for name in records:
+    if name != "on":
+      study.law_figures(out, records[name], fits[name][main_t], main_t,
+                        f"off-policy, {name[3:]} updates per round", prefix=f"_{name}")
+  out.manifest(config={k: v.to_dict() for k, v in configs.items()},
+               wall_seconds=time.time() - t0, targets=list(tgt), reuse=ms)
+
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,149 @@
+"""Learning-rate rules across the batch grid: which rule makes the rollout-
+indexed learning curves collapse, and over which N the sqrt rule holds.
+
+    python experiments/lr_scaling.py                   # (~1 h, 2 workers)
+    python experiments/lr_scaling.py --quick           # tiny smoke version
+
+Runs ``configs/batch_law.py:lr_constant`` and ``:lr_linear`` (lr = lr0 and
+lr = lr0 N / 256) at N = 64, 256, 1,024, 4,096, 16,384, 3 seeds, through
+``cbs_jax.sweep`` (resumable); the sqrt rule's runs are the on-policy
+study's (read back from ``--on_root``, never rerun). A run whose held-out
+pass rate falls below 0.30 is stopped (a diverged rule; counted as never
+reaching the target).
+
+Collapse is measured two ways: E(N) (rollouts to target, with t-intervals
+over seeds) relative to the smallest N -- a rule under which runs follow one
+rollout-indexed curve keeps E(N) / E(64) near 1 -- and the curve distance:
+the mean absolute difference of the seed-mean rollout-indexed curves from
+the N = 256 curve (the tuned reference) over their common rollout range.
+"Holds" at N means E(N) / E(64) <= 1.25 (the samples penalty at N = B_crit
+is 2x: 1.25 sits well inside the perfect-scaling regime).
+
+Writes experiments/results/lr_scaling/: table (.md, .csv), per-run CSV,
+learning curves per rule, E(N) per rule, manifest.json.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+
+import numpy as np
+from absl import logging
+
+from cbs_jax import plots
+from cbs_jax import report
+from cbs_jax import stats
+from cbs_jax import study
+from configs import batch_law
+
+NAME = "lr_scaling"
+RULES = ("constant", "sqrt", "linear")
+HOLDS = 1.25
+
+
+def parse_args(argv=None):
+  ap = argparse.ArgumentParser(description=__doc__,
+                               formatter_class=argparse.RawDescriptionHelpFormatter)
+  ap.add_argument("--root", default="runs/lr_scaling",
+                  help="sweep root of the constant/linear runs (--quick: <out>/runs)")
+  ap.add_argument("--on_root", default="runs/batch_law_on",
+                  help="the on-policy study's sweep root (the sqrt runs)")
+  ap.add_argument("--out", default="experiments/results",
+                  help="results parent folder (--quick: a fresh temp folder)")
+  ap.add_argument("--workers", type=int, default=2,
+                  help="runs at once, each single-threaded on its own core")
+  ap.add_argument("--quick", action="store_true", help="tiny smoke version")
+  args = ap.parse_args(argv)
+  if args.quick:
+    if args.out == "experiments/results":
+      args.out = tempfile.mkdtemp(prefix="cbs_quick_")
+    args.root = os.path.join(args.out, "runs")
+  return args
+
+
+def curve_distance(curves, ref) -> float | None:
+  """Mean |mean curve - reference curve| over their common rollout range."""
+  if not len(curves["x"]) or not len(ref["x"]):
+    return None
+  lo, hi = max(curves["x"][0], ref["x"][0]), min(curves["x"][-1], ref["x"][-1])
+  if hi <= lo:
+    return None
+  grid = np.geomspace(lo, hi, 40)
+  return float(np.mean(np.abs(np.interp(grid, curves["x"], curves["mean"]) -
+                              np.interp(grid, ref["x"], ref["mean"]))))
+
+
+def main(argv=None):
+  args = parse_args(argv)
+  logging.set_verbosity(logging.WARNING)
+  t0 = time.time()
+  out = report.Results(NAME, root=args.out)
+  quick = args.quick
+  tgt = batch_law.targets("quick" if quick else "on")
+  main_t = float(tgt[len(tgt) // 2])
+  records, configs = {}, {}
+  for rule in RULES:
+    if quick:
+      c = batch_law.get_config("quick")
+      c.optim.lr_rule = rule
+      rows = study.run_study(c, batch_law.sweep("quick"), os.path.join(args.root, rule),
+                             workers=args.workers)
+    elif rule == "sqrt":
+      c = batch_law.get_config("on")
+      over = [o for o in batch_law.sweep("on")
+              if o["batch.num_prompts"] * batch_law.K in batch_law.LR_NS]
+      rows = study.read_finished(over, args.on_root)
+    else:
+      c = batch_law.get_config(f"lr_{rule}")
+      rows = study.run_study(c, batch_law.sweep(f"lr_{rule}"), os.path.join(args.root, rule),
+                             workers=args.workers)
+    records[rule], configs[rule] = study.collect(rows, tgt, c), c
+
+  table, curves_fig = [], []
+  for i, rule in enumerate(RULES):
+    recs = records[rule]
+    ns = sorted({r["N"] for r in recs})
+    ref_n = 16 if quick else 256
+    mc = {N: study.mean_curve([r["curve"] for r in recs if r["N"] == N]) for N in ns}
+    e0 = study.seed_interval([r["to_target"][main_t]["rollouts"] for r in recs
+                              if r["N"] == ns[0]])["mean"]
+    for N in ns:
+      rs = [r for r in recs if r["N"] == N]
+      e = study.seed_interval([r["to_target"][main_t]["rollouts"] for r in rs])
+      collapsed = sum(bool(r["summary"].get("stopped_collapsed")) for r in rs)
+      ratio = e["mean"] / e0 if e["mean"] and e0 else None
+      table.append(dict(rule=rule, N=N, lr=configs[rule].optim.lr * dict(
+          constant=1.0, sqrt=(N / 256) ** 0.5, linear=N / 256)[rule],
+          E=stats.fmt(e["mean"], e["lo"], e["hi"]), E_ratio=ratio,
+          holds=None if ratio is None else ("yes" if ratio <= HOLDS else "no"),
+          distance=curve_distance(mc[N], mc.get(ref_n, mc[ns[0]])),
+          reached=f"{sum(r['to_target'][main_t]['rollouts'] is not None for r in rs)}"
+                  f"/{len(rs)}", collapsed=collapsed))
+    for N in ns:
+      if len(mc[N]["x"]):
+        curves_fig.append(dict(label=f"{rule} N={N}", rollouts=mc[N]["x"],
+                               steps=mc[N]["x"] / N, value=mc[N]["mean"]))
+  cols = ["rule", "N", "lr", "E", "E_ratio", "holds", "distance", "reached", "collapsed"]
+  notes = [f"E: rollouts to expected pass {main_t} (mean [90% t-interval] over seeds); "
+           "E_ratio: E(N) / E(smallest N); holds: E_ratio <= 1.25; distance: mean "
+           "|pass(curve) - pass(N=256 curve)| over the common rollout range (seed means); "
+           "collapsed: runs stopped below pass 0.30.",
+           f"Command: `{' '.join(['python'] + sys.argv)}`."]
+  out.table(table, cols, title=f"Learning-rate rules across N (target {main_t})",
+            notes="\n\n".join(notes))
+  study.write_runs_csv(out.path("_runs.csv"), [dict(r, name=f"{k}/{r['name']}")
+                                               for k, v in records.items() for r in v], tgt)
+  for rule in RULES:
+    fig = plots.learning_curves([c for c in curves_fig if c["label"].startswith(rule + " ")],
+                                target=main_t, title=f"lr rule: {rule}",
+                                step_label="generation rounds", logx=True)
+    plots.save(fig, out.path(f"_{rule}.png"))
+  out.manifest(config={k: v.to_dict() for k, v in configs.items()},
+               wall_seconds=time.time() - t0, targets=list(tgt))
+
+
+if __name__ == "__main__":
+  main()
