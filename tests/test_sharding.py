@@ -134,3 +134,34 @@ def test_mesh_not_matching_the_devices_is_an_error(tmp_path):
   assert r.returncode != 0
   assert "config.mesh.tensor=3" in r.stderr and "8 devices" in r.stderr, r.stderr[-2000:]
   assert not os.path.exists(tmp_path / "checkpoints" / "1")  # failed before any work
+
+
+SLOW = os.environ.get("CBS_JAX_SLOW") == "1"
+
+
+@pytest.mark.skipif(not SLOW, reason="~20 min on 2 cores: set CBS_JAX_SLOW=1 to run the 25M "
+                    "config on one device and on a (2, 2, 2) mesh of 8")
+def test_25m_config_on_a_mesh_matches_one_device(tmp_path):
+  """configs/arithmetic_25m.py: ~25M parameters, three GRPO rounds end to end
+  on one device and on a (data 2, fsdp 2, tensor 2) mesh of 8 host devices,
+  from the same SFT base: the same rollouts and rewards, the same losses
+  and noise statistics up to float32 summation order."""
+  from configs import arithmetic_25m  # pylint: disable=import-outside-toplevel
+  from cbs_jax import model as model_lib  # pylint: disable=import-outside-toplevel
+  c = arithmetic_25m.get_config()
+  c.model.vocab_size = 17  # the task's character vocabulary (train.prepare sets it)
+  assert model_lib.param_count(model_lib.build(c.model)[1]) == 25_191_936
+  cmd = lambda w, *f: [sys.executable, "-m", "cbs_jax.main", "--config=configs/arithmetic_25m.py",
+                       f"--workdir={w}", *f]
+  one = tmp_path / "one"
+  r = subprocess.run(cmd(one), cwd=ROOT, env=dict(os.environ), capture_output=True,
+                     text=True, timeout=1800)
+  assert r.returncode == 0, r.stderr[-3000:]
+  r = subprocess.run(cmd(tmp_path / "mesh", f"--config.sft.base_dir={one / 'sft_base'}",
+                         "--config.mesh.data=2", "--config.mesh.fsdp=2", "--config.mesh.tensor=2"),
+                     cwd=ROOT, env=EIGHT, capture_output=True, text=True, timeout=1800)
+  assert r.returncode == 0, r.stderr[-3000:]
+  a = metrics_lib.read_jsonl(str(one / "metrics.jsonl"))
+  b = metrics_lib.read_jsonl(str(tmp_path / "mesh" / "metrics.jsonl"))
+  assert len(a) == 4
+  assert_same_run(a, b)
