@@ -3,7 +3,7 @@
     out = report.Results("batch_law_on_policy", root="experiments/results")
     out.table(rows, columns)            # -> <name>.csv and <name>.md (returned, printed)
     out.figure(fig)                     # -> <name>.png
-    out.manifest(config=c, command=sys.argv, wall_seconds=t)   # -> manifest.json
+    out.manifest(config=c)              # -> manifest.json (command, wall time: this process's)
 
 ``manifest.json`` records what a figure needs to be traced to the exact code
 that made it: the git commit (and whether the tree had uncommitted changes),
