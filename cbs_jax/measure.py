@@ -34,9 +34,11 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import math
 import os
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import tqdm
 from absl import app
@@ -88,16 +90,22 @@ def measurement_config(config, P: int, K: int, aggregation: str = "seq_mean_toke
 
 def measure(config, graphdef, params, setup, P: int, K: int, M: int,
             chunk_prompts: int = 4, progress: bool = True,
-            aggregation: str = "seq_mean_token_sum_norm", opt_state=None) -> dict:
+            aggregation: str = "seq_mean_token_sum_norm", opt_state=None,
+            by_difficulty: bool = False) -> dict:
   """Pool M batches at fixed params; returns exact, split and per-group
   stats, and with an ``opt_state`` holding Adam moments also ``adam``: the
-  exact estimates in Adam's preconditioned metric (``gradstats.adam_metric``)."""
+  exact estimates in Adam's preconditioned metric (``gradstats.adam_metric``).
+  ``by_difficulty`` adds ``inter_by_difficulty``: each prompt difficulty's
+  contribution to tr Sigma_inter (``noise.inter_by_group``; mean and SE over
+  the batches, the contributions of a batch summing to its trace_inter)."""
   if M < 2:
     raise ValueError(f"batches={M}: pooling needs at least 2 batches")
   c = measurement_config(config, P, K, aggregation)
+  chunk_prompts = math.gcd(chunk_prompts, P)  # a speed/memory knob: any divisor of P
+  groups = 1 + max(p.difficulty for p in setup.eval_problems) if by_difficulty else 0
   exact_fn = jax.jit(functools.partial(
       gradstats.group_moments, graphdef=graphdef, P=P, K=K, rl_cfg=c.rl,
-      sampling_cfg=c.sampling, chunk_prompts=chunk_prompts))
+      sampling_cfg=c.sampling, chunk_prompts=chunk_prompts, num_groups=groups))
   split_fn = jax.jit(lambda p, b: gradstats.split_grads(
       p, graphdef, b, P, K, c.rl, c.sampling)[3])
   metric = None if opt_state is None else gradstats.adam_metric(
@@ -105,15 +113,21 @@ def measure(config, graphdef, params, setup, P: int, K: int, M: int,
   if metric is not None and int(jax.device_get(gradstats.adam_state(opt_state).count)) == 0:
     metric = None  # no Adam step taken yet: no metric to speak of
   leaf_groups = [gradstats.param_group(p) for p in gradstats.leaf_paths(params)]
-  exact, split, groups, rewards, adam = [], [], {}, [], []
+  exact, split, leaf_stats, rewards, adam, by_diff = [], [], {}, [], [], []
   for i in tqdm.trange(M, desc="measure", disable=not progress):
-    b, r, _ = train.round_batch(c, graphdef, params, params, setup, ROUND_OFFSET + i)
+    b, r, gen = train.round_batch(c, graphdef, params, params, setup, ROUND_OFFSET + i)
     b["on_policy"] = np.ones((P * K,), bool)
     rewards.append(float(r.mean()))
-    mom = exact_fn(params, batch=b)
+    if by_difficulty:
+      labels = np.minimum(gen["difficulty"], groups - 1)
+      mom, gram = exact_fn(params, batch=b, prompt_groups=labels)
+      inter = noise.inter_by_group(gradstats.sum_leaves(mom), labels, jnp.sum(gram, axis=0))
+      by_diff.append({k: np.asarray(v) for k, v in inter.items()})
+    else:
+      mom = exact_fn(params, batch=b)
     exact.append(noise.exact_estimates(gradstats.sum_leaves(mom)))
     for g, gm in gradstats.sum_leaves(mom, leaf_groups).items():
-      groups.setdefault(g, []).append(noise.exact_estimates(gm))
+      leaf_stats.setdefault(g, []).append(noise.exact_estimates(gm))
     split.append(noise.split_estimates(gradstats.sum_leaves(split_fn(params, b))))
     if metric is not None:
       adam.append(noise.exact_estimates(gradstats.sum_leaves(
@@ -123,7 +137,15 @@ def measure(config, graphdef, params, setup, P: int, K: int, M: int,
              aggregation=c.rl.aggregation,
              exact=noise.pooled_estimates(to_np(exact), P, K),
              split=noise.pooled_estimates(to_np(split), P, K),
-             groups={g: noise.pooled_estimates(to_np(v), P, K) for g, v in groups.items()})
+             groups={g: noise.pooled_estimates(to_np(v), P, K) for g, v in leaf_stats.items()})
+  if by_diff:
+    contrib = np.stack([d["contribution"] for d in by_diff])   # [M, G]
+    count = np.stack([d["count"] for d in by_diff]).sum(0)
+    res["inter_by_difficulty"] = {
+        int(g): dict(contribution=float(contrib[:, g].mean()),
+                     se=float(contrib[:, g].std(ddof=1) / np.sqrt(M)),
+                     prompts=int(count[g]))
+        for g in range(contrib.shape[1]) if count[g] > 0}
   if adam:
     res["adam"] = noise.pooled_estimates(to_np(adam), P, K)
   return res

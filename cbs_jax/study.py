@@ -298,3 +298,34 @@ def law_figures(out, records, fit, target: float, title: str, x: str = "rounds",
   plots.save(plots.learning_curves(curves, target=None, title=f"{title} (mean and range "
                                    "over seeds)", step_label=step_label, logx=True),
              out.path(f"{prefix}_curves.png"))
+
+
+def overrides_between(base, other) -> dict:
+  """The dotted fields (and values) where config ``other`` differs from
+  ``base``: what ``sweep.apply_overrides(base, ...)`` needs to make it."""
+  from cbs_jax import sweep  # pylint: disable=import-outside-toplevel
+  fa = sweep._flatten(sweep._as_json(base))  # pylint: disable=protected-access
+  fb = sweep._flatten(sweep._as_json(other))  # pylint: disable=protected-access
+  if set(fa) != set(fb):
+    raise ValueError(f"configs differ in their fields: {sorted(set(fa) ^ set(fb))}")
+  return {k: other_value(other, k) for k in sorted(fa) if fa[k] != fb[k]}
+
+
+def other_value(config, dotted: str):
+  node = config
+  for part in dotted.split("."):
+    node = node[part]
+  return node
+
+
+def run_variants(configs: dict, root: str, workers: int = 1, progress: bool = True):
+  """Run named config variants that share an SFT base (``config.sft.base_dir``
+  = "../sft_base") as one resumable sweep under ``root`` (run ``name`` in
+  ``root/name``), ``workers`` at a time. Returns ``{name: row}``."""
+  names = list(configs)
+  base = configs[names[0]]
+  over = [overrides_between(base, configs[n]) for n in names]
+  prepare_base(base, root)
+  from cbs_jax import sweep  # pylint: disable=import-outside-toplevel
+  rows = sweep.run_sweep(base, over, root, names=names, workers=workers, progress=progress)
+  return dict(zip(names, rows))

@@ -134,7 +134,7 @@ def sft_base(config, workdir: str, setup: Setup):
   (relative to ``workdir`` unless absolute), trained there if missing."""
   base_dir = config.sft.base_dir
   if not os.path.isabs(base_dir):
-    base_dir = os.path.join(workdir, base_dir)
+    base_dir = os.path.normpath(os.path.join(workdir, base_dir))
   return sft.train_sft(config, base_dir, setup.task, setup.tok, setup.layout,
                        setup.eval_problems)
 
@@ -179,6 +179,7 @@ def round_batch(config, graphdef, behaviour, ref_params, setup: Setup, rnd: int,
   b["logp_ref"] = score(ref_params).logprobs if config.rl.kl_beta else zeros
   if jax.process_count() > 1:  # host copies of what the metrics read
     out = dict(out, completion_mask=sharding.host(mask), lengths=sharding.host(out["lengths"]))
+  out = dict(out, difficulty=np.array([p.difficulty for p in problems]))
   return b, out["rewards"], out
 
 
@@ -499,17 +500,31 @@ def eval_score(row: dict) -> float | None:
 
 def choose_prompts(run: Run, rnd: int) -> tuple[int, dict]:
   """P for round ``rnd`` -- the config's, or the adaptive controller's from
-  the tracked signal's interval -- and the signal fields to log."""
-  b = run.config.batch
+  the signal's interval (``batch.signal_interval`` of the trackers) -- and
+  the ``adaptive/*`` fields to log: the signal (rollouts) with its SE and
+  interval, whether it is resolved, whether this round was a decision
+  round, the N the signal asks for (factor x signal, before bucketing), the
+  chosen P and N, the changes so far and the learning rate the configured
+  rule gives at the chosen rollouts per update (before warmup)."""
+  c = run.config
+  b = c.batch
   if run.controller is None:
     return b.num_prompts, {}
-  ema = run.ema_adam if b.adaptive_signal == "b_noise_adam" else run.ema
-  sig = ema.interval(b.adaptive_z)
-  P = run.controller.update(rnd, sig)
-  run.meta["controller"] = run.controller.state_dict()
-  return P, {"adaptive/signal": sig["b_noise"], "adaptive/signal_lo": sig["lo"],
-             "adaptive/signal_hi": sig["hi"], "adaptive/resolved": sig["resolved"],
-             "adaptive/prompts": P}
+  sig = batch_lib.signal_interval(b.adaptive_signal, run.ema.interval(b.adaptive_z),
+                                  run.ema_adam.interval(b.adaptive_z),
+                                  b.adaptive_b_crit_ratio)
+  ctl = run.controller
+  P = ctl.update(rnd, sig)
+  run.meta["controller"] = ctl.state_dict()
+  K = b.rollouts_per_prompt
+  lr = c.optim.lr * batch_lib.lr_scale(c.optim.lr_rule, P // b.num_minibatches * K,
+                                       c.optim.ref_batch)
+  return P, {"adaptive/signal": sig["value"], "adaptive/signal_se": sig["se"],
+             "adaptive/signal_lo": sig["lo"], "adaptive/signal_hi": sig["hi"],
+             "adaptive/resolved": sig["resolved"], "adaptive/decision": ctl.decides(rnd),
+             "adaptive/target_batch_size": ctl.target * K, "adaptive/prompts": P,
+             "adaptive/batch_size": P * K, "adaptive/changes": ctl.changes,
+             "adaptive/lr": lr}
 
 
 def update_round(run: Run, batch: dict, rnd: int, P: int, probe=None):
@@ -618,9 +633,11 @@ def round_row(run: Run, r1: int, P: int, rewards, gen, rows: list, extras: dict,
       est = noise.split_estimates(gradstats.sum_leaves(extras["split_adam"]))
       row.update(noise_row("noise_split_adam", noise.noise_stats(est, P_mb, K)))
       row.update(noise_row("noise_ema_adam", run.ema_adam.update(est, P_mb, K)))
-    iv = run.ema.interval(c.batch.adaptive_z)
-    row.update({"noise_ema/b_noise_se": iv["se"], "noise_ema/b_noise_lo": iv["lo"],
-                "noise_ema/b_noise_hi": iv["hi"]})
+    for name, ema in (("noise_ema", run.ema), ("noise_ema_adam", run.ema_adam)):
+      if ema.count:  # the tracker's interval (NoiseEMA.interval), what the controller reads
+        iv = ema.interval(c.batch.adaptive_z)
+        row.update({f"{name}/b_noise_se": iv["se"], f"{name}/b_noise_lo": iv["lo"],
+                    f"{name}/b_noise_hi": iv["hi"]})
   if "exact" in extras:
     mom = extras["exact"]
     row.update(noise_row("noise_exact", noise.noise_stats(

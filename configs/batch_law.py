@@ -33,6 +33,7 @@ SHAPE_NS = (1024, 4096)
 SHAPE_KS = (2, 4, 64)                             # K = 16: the on-policy runs
 LR_NS = (64, 256, 1024, 4096, 16384)              # lr rules: every other N of the grid
 COLLAPSED = 0.30                                  # lr rules: stop a run that falls below
+QUICK_ROUNDS = 12
 VARIANTS = ("on", "off4", "off8", "lr_constant", "lr_linear", "shape", "quick")
 
 
@@ -76,7 +77,7 @@ def sweep(arg="on"):
   """The runs of study ``arg``: a list of override dicts for cbs_jax.sweep."""
   if arg == "quick":
     return [{"batch.num_prompts": n, "seed": s, "train.eval_every": 2,
-             "train.num_rounds": 24} for n in (2, 4, 8) for s in SEEDS]
+             "train.num_rounds": QUICK_ROUNDS} for n in (2, 4, 8) for s in SEEDS]
   if arg == "shape":
     grid = [(N, k) for N in SHAPE_NS for k in SHAPE_KS]
   elif arg.startswith("lr_"):

@@ -59,8 +59,9 @@ def parse_args(argv=None):
   if args.quick:
     if args.out == "experiments/results":
       args.out = tempfile.mkdtemp(prefix="cbs_quick_")
-    args.root = os.path.join(args.out, "runs")
-    args.on_root = os.path.join(args.out, "runs_on")
+    args.root = os.path.join(args.out, f"runs_{NAME}")
+    if args.on_root == "runs/batch_law_on":
+      args.on_root = os.path.join(args.out, "runs_on")
   return args
 
 

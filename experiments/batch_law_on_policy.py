@@ -54,7 +54,7 @@ def parse_args(argv=None):
   ap = argparse.ArgumentParser(description=__doc__,
                                formatter_class=argparse.RawDescriptionHelpFormatter)
   ap.add_argument("--root", default="runs/batch_law_on",
-                  help="sweep root (one workdir per run; --quick: <out>/runs)")
+                  help="sweep root (one workdir per run; --quick: <out>/runs_on unless given)")
   ap.add_argument("--out", default="experiments/results",
                   help="results parent folder (--quick: a fresh temp folder)")
   ap.add_argument("--workers", type=int, default=2,
@@ -67,7 +67,8 @@ def parse_args(argv=None):
   if args.quick:
     if args.out == "experiments/results":
       args.out = tempfile.mkdtemp(prefix="cbs_quick_")
-    args.root = os.path.join(args.out, "runs")
+    if args.root == "runs/batch_law_on":
+      args.root = os.path.join(args.out, "runs_on")
     args.noise_batches = min(args.noise_batches, 2)
   return args
 

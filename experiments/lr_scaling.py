@@ -33,6 +33,7 @@ import time
 import numpy as np
 from absl import logging
 
+from cbs_jax import batch as batch_lib
 from cbs_jax import plots
 from cbs_jax import report
 from cbs_jax import stats
@@ -50,7 +51,8 @@ def parse_args(argv=None):
   ap.add_argument("--root", default="runs/lr_scaling",
                   help="sweep root of the constant/linear runs (--quick: <out>/runs)")
   ap.add_argument("--on_root", default="runs/batch_law_on",
-                  help="the on-policy study's sweep root (the sqrt runs)")
+                  help="the on-policy study's sweep root, the sqrt runs (--quick: <out>/"
+                       "runs_on unless given; made there if missing)")
   ap.add_argument("--out", default="experiments/results",
                   help="results parent folder (--quick: a fresh temp folder)")
   ap.add_argument("--workers", type=int, default=2,
@@ -60,7 +62,9 @@ def parse_args(argv=None):
   if args.quick:
     if args.out == "experiments/results":
       args.out = tempfile.mkdtemp(prefix="cbs_quick_")
-    args.root = os.path.join(args.out, "runs")
+    args.root = os.path.join(args.out, f"runs_{NAME}")
+    if args.on_root == "runs/batch_law_on":
+      args.on_root = os.path.join(args.out, "runs_on")
   return args
 
 
@@ -86,11 +90,11 @@ def main(argv=None):
   main_t = float(tgt[len(tgt) // 2])
   records, configs = {}, {}
   for rule in RULES:
-    if quick:
+    if quick:  # the sqrt runs are the quick on-policy sweep's (run here if missing)
       c = batch_law.get_config("quick")
       c.optim.lr_rule = rule
-      rows = study.run_study(c, batch_law.sweep("quick"), os.path.join(args.root, rule),
-                             workers=args.workers)
+      where = args.on_root if rule == "sqrt" else os.path.join(args.root, rule)
+      rows = study.run_study(c, batch_law.sweep("quick"), where, workers=args.workers)
     elif rule == "sqrt":
       c = batch_law.get_config("on")
       over = [o for o in batch_law.sweep("on")
@@ -115,8 +119,8 @@ def main(argv=None):
       e = study.seed_interval([r["to_target"][main_t]["rollouts"] for r in rs])
       collapsed = sum(bool(r["summary"].get("stopped_collapsed")) for r in rs)
       ratio = e["mean"] / e0 if e["mean"] and e0 else None
-      table.append(dict(rule=rule, N=N, lr=configs[rule].optim.lr * dict(
-          constant=1.0, sqrt=(N / 256) ** 0.5, linear=N / 256)[rule],
+      oc = configs[rule].optim
+      table.append(dict(rule=rule, N=N, lr=oc.lr * batch_lib.lr_scale(rule, N, oc.ref_batch),
           E=stats.fmt(e["mean"], e["lo"], e["hi"]), E_ratio=ratio,
           holds=None if ratio is None else ("yes" if ratio <= HOLDS else "no"),
           distance=curve_distance(mc[N], mc.get(ref_n, mc[ns[0]])),
@@ -130,7 +134,7 @@ def main(argv=None):
   notes = [f"E: rollouts to expected pass {main_t} (mean [90% t-interval] over seeds); "
            "E_ratio: E(N) / E(smallest N); holds: E_ratio <= 1.25; distance: mean "
            "|pass(curve) - pass(N=256 curve)| over the common rollout range (seed means); "
-           "collapsed: runs stopped below pass 0.30.",
+           f"collapsed: runs stopped below pass {batch_law.COLLAPSED}.",
            f"Command: `{' '.join(['python'] + sys.argv)}`."]
   out.table(table, cols, title=f"Learning-rate rules across N (target {main_t})",
             notes="\n\n".join(notes))

@@ -46,7 +46,8 @@ def parse_args(argv=None):
   ap.add_argument("--root", default="runs/rollout_shape",
                   help="sweep root (--quick: <out>/runs)")
   ap.add_argument("--on_root", default="runs/batch_law_on",
-                  help="the on-policy study's sweep root (the K = 16 runs)")
+                  help="the on-policy study's sweep root, the K = 16 runs (--quick: <out>/"
+                       "runs_on unless given; made there if missing)")
   ap.add_argument("--out", default="experiments/results",
                   help="results parent folder (--quick: a fresh temp folder)")
   ap.add_argument("--workers", type=int, default=2,
@@ -58,8 +59,10 @@ def parse_args(argv=None):
   if args.quick:
     if args.out == "experiments/results":
       args.out = tempfile.mkdtemp(prefix="cbs_quick_")
-    args.root = os.path.join(args.out, "runs")
+    args.root = os.path.join(args.out, f"runs_{NAME}")
     args.noise_batches = min(args.noise_batches, 2)
+    if args.on_root == "runs/batch_law_on":
+      args.on_root = os.path.join(args.out, "runs_on")
   return args
 
 
@@ -68,13 +71,15 @@ def main(argv=None):
   logging.set_verbosity(logging.WARNING)
   t0 = time.time()
   out = report.Results(NAME, root=args.out)
-  if args.quick:
+  if args.quick:  # N = 16: K = 4 from the quick on-policy sweep (run if missing), K = 2, 8 here
     c = batch_law.get_config("quick")
     over = [{"batch.num_prompts": 16 // k, "batch.rollouts_per_prompt": k, "seed": s,
-             "train.eval_every": 2, "train.num_rounds": 24}
-            for k in (2, 4, 8) for s in batch_law.SEEDS]
+             "train.eval_every": 2, "train.num_rounds": batch_law.QUICK_ROUNDS}
+            for k in (2, 8) for s in batch_law.SEEDS]
     tgt, ns, noise_n = batch_law.targets("quick"), (16,), 16
     rows = study.run_study(c, over, args.root, workers=args.workers)
+    on = [o for o in batch_law.sweep("quick") if o["batch.num_prompts"] == 4]
+    rows += study.run_study(c, on, args.on_root, workers=args.workers)
   else:
     c = batch_law.get_config("shape")
     tgt, ns, noise_n = batch_law.TARGETS, batch_law.SHAPE_NS, 1024

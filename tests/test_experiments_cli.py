@@ -1,5 +1,8 @@
-"""The experiment scripts' command lines: argparse ``--help`` for each, and the
-cheapest ``--quick`` modes end to end (they must write their promised files)."""
+"""The experiment scripts' command lines: ``--help`` for each (from another
+directory: no sys.path edits needed), a bad flag, and every study's
+``--quick`` mode end to end, chained the way the full studies are: the
+on-policy sweep first, the others reading its runs back. Each must write
+the files its docstring promises, under ``--out`` only."""
 import os
 import subprocess
 import sys
@@ -9,20 +12,39 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 FLAGS = {
-    "batch_size_law": ["--prompts", "--rollouts", "--target", "--budget", "--eval_rollouts",
-                       "--root", "--out", "--quick"],
+    "batch_law_on_policy": ["--root", "--out", "--workers", "--tune", "--quick"],
+    "batch_law_off_policy": ["--root", "--on_root", "--out", "--reuse", "--quick"],
+    "lr_scaling": ["--root", "--on_root", "--out", "--quick"],
+    "rollout_shape": ["--root", "--on_root", "--out", "--noise_batches", "--quick"],
+    "throughput_decision": ["--on_root", "--root", "--out", "--repeats", "--measure",
+                            "--quick"],
+    "noise_anatomy": ["--root", "--out", "--variants", "--batches", "--quick"],
+    "drift_noise": ["--root", "--out", "--reuse", "--arms", "--quick"],
+    "clipping_ablation": ["--root", "--out", "--variants", "--quick"],
     "noise_over_training": ["--workdir", "--prompts", "--rollouts", "--batches", "--out",
                             "--quick"],
-    "offpolicy_drift": ["--variants", "--root", "--out", "--rounds", "--quick"],
     "sft_headroom": ["--root", "--out", "--quick"],
 }
-OUTPUTS = {
-    "batch_size_law": ["batch_size_law.json", "batch_size_law.md", "batch_size_law.png"],
-    "noise_over_training": ["noise_over_training.json", "noise_over_training.md",
-                            "noise_over_training.png"],
-    "offpolicy_drift": ["offpolicy_drift.json", "offpolicy_drift.md", "offpolicy_drift.png"],
-    "sft_headroom": ["sft_headroom.md"],
-}
+# (script, extra flags, files it must write under <out>/<script>/)
+CHAIN = [
+    ("batch_law_on_policy", [], ["batch_law_on_policy.md", "batch_law_on_policy.csv",
+                                 "batch_law_on_policy_runs.csv", "batch_law_on_policy.png",
+                                 "batch_law_on_policy_curves.png", "manifest.json"]),
+    ("batch_law_off_policy", ["--reuse=4"], ["batch_law_off_policy.md",
+                                             "batch_law_off_policy.csv", "manifest.json"]),
+    ("lr_scaling", [], ["lr_scaling.md", "lr_scaling.csv", "lr_scaling_sqrt.png",
+                        "manifest.json"]),
+    ("rollout_shape", [], ["rollout_shape.md", "rollout_shape.csv", "rollout_shape.png",
+                           "manifest.json"]),
+    ("throughput_decision", [], ["throughput_decision.md", "throughput.json",
+                                 "throughput_decision.png", "manifest.json"]),
+    ("noise_anatomy", [], ["noise_anatomy.md", "noise_anatomy.csv", "noise_anatomy.png",
+                           "manifest.json"]),
+    ("drift_noise", [], ["drift_noise.md", "drift_noise_fits.json", "manifest.json"]),
+    ("clipping_ablation", ["--variants=clip0.2,clip10"], ["clipping_ablation.md",
+                                                          "clipping_ablation.png",
+                                                          "manifest.json"]),
+]
 
 
 def _run(script, *args, cwd, timeout):
@@ -32,7 +54,6 @@ def _run(script, *args, cwd, timeout):
 
 @pytest.mark.parametrize("script", sorted(FLAGS))
 def test_help_lists_flags(script, tmp_path):
-  # from another directory: the scripts need no sys.path edits
   p = _run(script, "--help", cwd=tmp_path, timeout=120)
   assert p.returncode == 0, p.stderr
   for flag in FLAGS[script]:
@@ -40,17 +61,28 @@ def test_help_lists_flags(script, tmp_path):
   assert not list(tmp_path.iterdir())  # --help writes nothing
 
 
-@pytest.mark.parametrize("script", ["sft_headroom"])
-def test_quick_writes_outputs(script, tmp_path):
+def test_every_study_quick_mode_writes_its_files(tmp_path):
   out = tmp_path / "out"
-  p = _run(script, "--quick", f"--out={out}", cwd=tmp_path, timeout=300)
-  assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-4000:]
-  for name in OUTPUTS[script]:
-    f = out / name
-    assert f.is_file() and f.stat().st_size > 0, (name, sorted(os.listdir(out)))
+  for script, extra, files in CHAIN:
+    p = _run(script, "--quick", f"--out={out}", *extra, cwd=tmp_path, timeout=900)
+    assert p.returncode == 0, (script, p.stdout[-2000:] + p.stderr[-4000:])
+    for name in files:
+      f = out / script / name
+      assert f.is_file() and f.stat().st_size > 0, (script, name,
+                                                     sorted(os.listdir(out / script)))
   assert sorted(os.listdir(tmp_path)) == ["out"]  # runs went under --out, not the cwd
 
 
-def test_bad_flag_is_an_error(tmp_path):
-  p = _run("offpolicy_drift", "--variants=nosuch", cwd=tmp_path, timeout=120)
+def test_sft_headroom_quick_writes_outputs(tmp_path):
+  out = tmp_path / "out"
+  p = _run("sft_headroom", "--quick", f"--out={out}", cwd=tmp_path, timeout=300)
+  assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-4000:]
+  assert (out / "sft_headroom.md").stat().st_size > 0
+  assert sorted(os.listdir(tmp_path)) == ["out"]
+
+
+@pytest.mark.parametrize("script,flag", [("clipping_ablation", "--variants=nosuch"),
+                                         ("noise_anatomy", "--variants=nosuch")])
+def test_bad_flag_is_an_error(script, flag, tmp_path):
+  p = _run(script, flag, cwd=tmp_path, timeout=120)
   assert p.returncode == 2 and "unknown variants" in p.stderr

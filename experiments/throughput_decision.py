@@ -1,0 +1,213 @@
+"""Throughput against batch size, and the time-to-target decision rule.
+
+    python experiments/throughput_decision.py          # benchmark + decision (~15 min, idle machine)
+    python experiments/throughput_decision.py --quick  # tiny smoke version
+
+Published claim: a larger batch lowers time-to-target only when its
+generation-throughput gain exceeds its samples-to-target penalty. Two parts:
+
+1. A dedicated benchmark, one process on an otherwise idle machine (all
+   cores): at each N of the on-policy grid (K = 16, the study's model and
+   SFT base), the median wall time of generating a round
+   (``train.round_batch``: sample, verify, advantages) and of its update
+   (``train.update_round``: one jitted call), after a warm-up round.
+   rollouts/s = N / (t_generate + t_update). Beside it, the roofline of the
+   same round on this CPU (``cbs_jax.systems.round_time`` with the matmul
+   FLOP/s and memory bandwidth measured in the same run): measured over
+   roofline says how far from the hardware limit each N runs.
+2. The decision: predicted time-to-target T(N) = E(N) / throughput(N), with
+   E(N) the on-policy study's rollouts-to-target (mean and t-interval over
+   seeds, read back from ``--on_root``), and at each step N -> 2N the rule
+   "larger pays iff throughput(2N)/throughput(N) > E(2N)/E(N)". With
+   ``--measure`` the seed-0 run of each N is repeated here, one at a time,
+   and its wall time to the target (sum of the per-round seconds it logged
+   up to the crossing round) is the measured T(N) the prediction is checked
+   against.
+
+Writes experiments/results/throughput_decision/: throughput.json (the
+per-N rates, read by experiments/adaptive_batch.py), the tables (.md,
+.csv), a figure of throughput and T(N) against N, manifest.json.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+
+import numpy as np
+from absl import logging
+
+from cbs_jax import metrics as metrics_lib
+from cbs_jax import plots
+from cbs_jax import report
+from cbs_jax import stats
+from cbs_jax import study
+from cbs_jax import systems
+from cbs_jax import train
+from configs import batch_law
+
+NAME = "throughput_decision"
+
+
+def parse_args(argv=None):
+  ap = argparse.ArgumentParser(description=__doc__,
+                               formatter_class=argparse.RawDescriptionHelpFormatter)
+  ap.add_argument("--on_root", default="runs/batch_law_on",
+                  help="the on-policy study's sweep root (E(N), the SFT base)")
+  ap.add_argument("--root", default="runs/throughput_decision",
+                  help="workdirs of the benchmark and of --measure (--quick: <out>/runs)")
+  ap.add_argument("--out", default="experiments/results",
+                  help="results parent folder (--quick: a fresh temp folder)")
+  ap.add_argument("--repeats", type=int, default=5, help="timed rounds per N (median)")
+  ap.add_argument("--measure", action="store_true",
+                  help="also rerun seed 0 of every N and time it to the target")
+  ap.add_argument("--quick", action="store_true", help="tiny smoke version")
+  args = ap.parse_args(argv)
+  if args.quick:
+    if args.out == "experiments/results":
+      args.out = tempfile.mkdtemp(prefix="cbs_quick_")
+    args.root = os.path.join(args.out, f"runs_{NAME}")
+    if args.on_root == "runs/batch_law_on":
+      args.on_root = os.path.join(args.out, "runs_on")
+    args.repeats = 2
+  return args
+
+
+def benchmark(c, root, ns, repeats):
+  """Median generate / update seconds per round at each N (one process)."""
+  setup = train.prepare(c)
+  run = train.start_run(c, os.path.join(root, "bench"), setup)
+  K = c.batch.rollouts_per_prompt
+  out = []
+  for N in ns:
+    P = N // K
+    tg, tu = [], []
+    for i in range(repeats + 1):  # the first round compiles
+      t0 = time.perf_counter()
+      batch, _, _ = train.round_batch(c, run.graphdef, run.state["params"], None, setup,
+                                      10_000 + i, P)
+      t1 = time.perf_counter()
+      train.update_round(run, batch, 10_000 + i, P)
+      t2 = time.perf_counter()
+      if i:
+        tg.append(t1 - t0)
+        tu.append(t2 - t1)
+    g, u = float(np.median(tg)), float(np.median(tu))
+    out.append(dict(N=N, gen_seconds=g, update_seconds=u, rollouts_per_s=N / (g + u)))
+    print(f"N={N}: generate {g:.4f} s, update {u:.4f} s, {N / (g + u):.0f} rollouts/s",
+          flush=True)
+  run.writer.close()
+  run.ckpt.close()
+  return out, setup
+
+
+def measured_time(workdir, target):
+  """Wall seconds (generation + update + eval, as logged) to the target."""
+  rows = metrics_lib.read_jsonl(os.path.join(workdir, "metrics.jsonl"))
+  total = 0.0
+  for r in rows[1:]:
+    total += r.get("gen_seconds", 0.0) + r.get("update_seconds", 0.0) + \
+        r.get("eval_expected_seconds", 0.0) + r.get("eval_sampled_seconds", 0.0)
+    s = study.score_of(r)
+    if s is not None and s >= target:
+      return total
+  return None
+
+
+def main(argv=None):
+  args = parse_args(argv)
+  logging.set_verbosity(logging.WARNING)
+  t0 = time.time()
+  out = report.Results(NAME, root=args.out)
+  arg = "quick" if args.quick else "on"
+  c = batch_law.get_config(arg)
+  tgt = batch_law.targets(arg)
+  main_t = float(tgt[len(tgt) // 2])
+  sweep_over = batch_law.sweep(arg)
+  if args.quick:
+    on_rows = study.run_study(c, sweep_over, args.on_root, workers=1)
+  else:
+    on_rows = study.read_finished(sweep_over, args.on_root)
+  recs = study.collect(on_rows, tgt, c)
+  ns = sorted({r["N"] for r in recs})
+  K = c.batch.rollouts_per_prompt
+
+  # ---------------------------------------------------------- 1. benchmark
+  bc = c.copy_and_resolve_references()
+  with bc.unlocked():
+    bc.sft.base_dir = os.path.abspath(os.path.join(args.on_root, "sft_base"))
+    bc.train.eval_every = 0
+  thr, setup = benchmark(bc, args.root, ns, args.repeats)
+  acc = systems.calibrate_cpu()
+  Tp, Tc = setup.layout.prompt_len, setup.layout.completion_len
+  for t in thr:
+    t["roofline_rollouts_per_s"] = systems.rollouts_per_s(bc.model, acc, t["N"], Tp, Tc)
+    t["vs_roofline"] = t["rollouts_per_s"] / t["roofline_rollouts_per_s"]
+  with open(os.path.join(out.dir, "throughput.json"), "w") as f:
+    json.dump(dict(N=[t["N"] for t in thr], rollouts_per_s=[t["rollouts_per_s"] for t in thr],
+                   rows=thr, machine=systems.describe(acc), K=K), f, indent=1, default=float)
+
+  # ---------------------------------------------------------- 2. decision
+  E = {N: study.seed_interval([r["to_target"][main_t]["rollouts"] for r in recs
+                               if r["N"] == N]) for N in ns}
+  rate = {t["N"]: t["rollouts_per_s"] for t in thr}
+  measured = {}
+  if args.measure:
+    for N in ns:
+      o = next(o for o in sweep_over if o["batch.num_prompts"] * K == N and o["seed"] == 0)
+      row = study.run_study(c, [o], os.path.join(args.root, "measure"), workers=1,
+                            progress=False)[0]
+      measured[N] = measured_time(row["workdir"], main_t)
+  rows = []
+  for i, N in enumerate(ns):
+    e = E[N]
+    T = None if e["mean"] is None else e["mean"] / rate[N]
+    d = dict(N=N, rollouts_per_s=rate[N], gen_s=thr[i]["gen_seconds"],
+             update_s=thr[i]["update_seconds"], vs_roofline=thr[i]["vs_roofline"],
+             E=stats.fmt(e["mean"], e["lo"], e["hi"]),
+             T_pred=stats.fmt(T, None if e["lo"] is None else e["lo"] / rate[N],
+                              None if e["hi"] is None else e["hi"] / rate[N]),
+             T_measured=measured.get(N))
+    if i:
+      P = ns[i - 1]
+      gain, penalty = rate[N] / rate[P], (e["mean"] / E[P]["mean"]
+                                          if e["mean"] and E[P]["mean"] else None)
+      d["throughput_gain"] = gain
+      d["samples_penalty"] = penalty
+      d["rule: 2N pays"] = None if penalty is None else ("yes" if gain > penalty else "no")
+      if P in measured and measured[P] and measured.get(N):
+        d["measured: 2N faster"] = "yes" if measured[N] < measured[P] else "no"
+    rows.append(d)
+  cols = ["N", "rollouts_per_s", "gen_s", "update_s", "vs_roofline", "E", "T_pred",
+          "T_measured", "throughput_gain", "samples_penalty", "rule: 2N pays",
+          "measured: 2N faster"]
+  notes = [f"Benchmark: one process, {args.repeats} timed rounds per N (median), K = {K}; "
+           f"machine: {systems.describe(acc)}. vs_roofline: measured rollouts/s over the "
+           "roofline bound of the same round (systems.round_time). E: on-policy rollouts "
+           f"to {main_t} (mean [90% t-interval] over seeds); T_pred = E / rollouts_per_s "
+           "(seconds); T_measured: seed 0 rerun here, wall seconds to the target as logged "
+           "(--measure). Rule: N -> 2N pays iff the throughput gain exceeds the samples "
+           "penalty E(2N) / E(N).", f"Command: `{' '.join(['python'] + sys.argv)}`."]
+  out.table(rows, cols, title="Throughput and the time-to-target decision",
+            notes="\n\n".join(notes))
+  series = {"rollouts/s (measured)": [rate[N] for N in ns],
+            "rollouts/s (roofline)": [t["roofline_rollouts_per_s"] for t in thr]}
+  plots.save(plots.noise_over_training(ns, series, xlabel="batch size N (rollouts)",
+                                       ylabel="throughput (rollouts/s)",
+                                       title="throughput against N"), out.path(".png"))
+  tp = {"T predicted (s)": [None if E[N]["mean"] is None else E[N]["mean"] / rate[N]
+                            for N in ns]}
+  if measured:
+    tp["T measured (s)"] = [measured.get(N) for N in ns]
+  plots.save(plots.noise_over_training(ns, tp, xlabel="batch size N (rollouts)",
+                                       ylabel=f"time to {main_t} (s)",
+                                       title="time to target against N"),
+             out.path("_time.png"))
+  out.manifest(config=c, wall_seconds=time.time() - t0, targets=list(tgt))
+
+
+if __name__ == "__main__":
+  main()
