@@ -134,3 +134,20 @@ def test_two_processes_match_one_process_and_survive_preemption(tmp_path):
     summary = json.load(f)
   assert summary["rounds"] == ROUNDS and summary["rollouts_seen"] == ROUNDS * 16
   assert not [f for f in os.listdir(work) if f.endswith(".tmp")]
+
+
+@pytest.mark.parametrize("field,value,needle", [
+    ("coordinator_address", "localhost", "coordinator_address='localhost' must be 'host:port'"),
+    ("process_id", 2, "process_id=2 must be -1 (auto) or in [0, "
+                      "config.distributed.num_processes=2)"),
+    ("heartbeat_timeout", 0, "config.distributed.heartbeat_timeout must be > 0"),
+    ("local_device_ids", "0,a", "local_device_ids='0,a' must be"),
+])
+def test_bad_distributed_config_names_the_field(field, value, needle):
+  import re  # pylint: disable=import-outside-toplevel
+  from cbs_jax import config as config_lib  # pylint: disable=import-outside-toplevel
+  c = config_lib.base_config()
+  c.distributed.enabled, c.distributed.num_processes = True, 2
+  c.distributed[field] = value
+  with pytest.raises(ValueError, match=re.escape(needle)):
+    config_lib.validate(c)
