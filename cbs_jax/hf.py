@@ -40,8 +40,16 @@ Choices made here:
   straight onto its ``sharding.param_shardings`` sharding via
   ``jax.make_array_from_callback`` (each process transfers only its own
   shards; every process reads each full tensor once).
-* Dtypes: ``dtype`` is the stored parameter dtype (float32 | bfloat16);
-  ``compute_dtype`` (default: ``dtype``) becomes ``model_config.dtype``.
+* Dtypes: ``dtype`` is the stored parameter dtype (float32 | bfloat16,
+  ``model_config.param_dtype``); ``compute_dtype`` (default: ``dtype``)
+  becomes ``model_config.dtype``.
+* Runs (``config.hf_checkpoint``, train.prepare / start_run):
+  ``run_model_config`` compares every architecture field of the run's
+  ``config.model`` with ``config.json`` and names each disagreement with both
+  values; the run then loads with its own dtypes and ``max_len``.
+* Multi-process: every process reads each tensor and builds only its own
+  shards; ``export`` gathers each tensor to every process and process 0
+  writes.
 * Tokenizer: ``tokenizer.json`` is wrapped in ``tasks.tokenizer.HFTokenizer``.
   Special tokens come from ``tokenizer_config.json`` (``eos_token``,
   ``pad_token``, ``bos_token``), falling back to ``config.json``'s
