@@ -7,10 +7,9 @@ and the split-estimator tracker over training.
 
 Measures the SFT base (round 0, "early") and the latest RL checkpoint
 ("late") with ``cbs_jax.measure`` (M pooled P x K batches, jackknife SEs),
-then writes under experiments/results/:
-  noise_over_training.json   every number below
-  noise_over_training.md     the table
-  noise_over_training.png    tracker curve + precise points
+then writes under experiments/results/noise_over_training/: the table
+(.md, .csv), every number (.json), the tracker's B_noise with its interval
+over training beside the precise points (.png) and manifest.json.
 
 ``--quick`` first trains ``configs/default.py:smoke`` (30 SFT steps, 4 RL
 rounds) in ``<out>/runs/default`` (unless that workdir already holds a
@@ -24,14 +23,14 @@ import json
 import os
 import tempfile
 
-import matplotlib
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt
 import numpy as np
 from absl import logging
 
 from cbs_jax import measure
 from cbs_jax import metrics as metrics_lib
+from cbs_jax import plots
+from cbs_jax import report
+from cbs_jax import stats
 from cbs_jax import train
 from configs import default
 
@@ -70,6 +69,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 def main(argv=None):
   args = parse_args(argv)
   logging.set_verbosity(logging.WARNING)
+  out = report.Results("noise_over_training", root=args.out)
   if args.quick:
     config = default.get_config("smoke")
     if not os.path.exists(os.path.join(args.workdir, "summary.json")):
@@ -79,60 +79,51 @@ def main(argv=None):
   setup = train.prepare(config)
   results = {}
   for label, rnd in (("early", 0), ("late", None)):
-    graphdef, params, r = measure.load_policy(config, args.workdir, setup, rnd)
+    graphdef, params, r, opt = measure.load_policy(config, args.workdir, setup, rnd,
+                                                   with_opt_state=True)
     res = measure.measure(config, graphdef, params, setup, args.prompts, args.rollouts,
-                          args.batches)
+                          args.batches, opt_state=opt)
     print(f"--- {label} (round {r})")
     print(measure.format_table(res))
     results[label] = dict(round=r, **measure.to_json(res))
   rows = metrics_lib.read_jsonl(os.path.join(args.workdir, "metrics.jsonl"))
-  track = [r for r in rows if r.get("noise_ema/b_intra") is not None]
+  track = [r for r in rows if "noise_ema/b_noise" in r]
   results["tracker"] = {k: [r.get(f"noise_ema/{k}") for r in track]
-                        for k in ("b_intra", "b_inter", "b_noise")}
+                        for k in ("b_intra", "b_inter", "b_noise", "b_noise_lo", "b_noise_hi")}
   results["tracker"]["round"] = [r["round"] for r in track]
-  evals = [(r["round"], r["eval_pass_rate"]) for r in rows if "eval_pass_rate" in r]
-  os.makedirs(args.out, exist_ok=True)
-  with open(os.path.join(args.out, "noise_over_training.json"), "w") as f:
+  with open(out.path(".json"), "w") as f:
     json.dump(results, f, indent=1, default=float)
 
   K = args.rollouts
-  lines = ["| stage | round | reward | G2 | tr Sigma_intra | tr Sigma_inter | intra:inter | "
-           "B_intra (rollouts) | B_inter (prompts) | B_noise at K=%d |" % K,
-           "|---|---|---|---|---|---|---|---|---|---|"]
+  table = []
   for label in ("early", "late"):
     e = results[label]["exact"]
-    f = lambda k: f"{e[k]:.4g} ± {e[k + '_se']:.2g}"
-    lines.append(f"| {label} | {results[label]['round']} | {results[label]['reward_mean']:.3f} | "
-                 f"{f('g2')} | {f('trace_intra')} | {f('trace_inter')} | {f('ratio')} | "
-                 f"{f('b_intra')} | {f('b_inter')} | {f('b_noise')} |")
-    if e["flag"]:
-      lines.append(f"| | | flag: {e['flag']} | | | | | | | |")
-  with open(os.path.join(args.out, "noise_over_training.md"), "w") as f:
-    f.write("\n".join(lines) + "\n")
-  print("\n".join(lines))
-
-  fig, ax = plt.subplots(1, 2, figsize=(11, 4))
+    a = results[label].get("adam")
+    table.append(dict(stage=label, round=results[label]["round"],
+                      reward=results[label]["reward_mean"],
+                      **{k: stats.fmt(e[k], se=e[k + "_se"]) for k in KEYS},
+                      b_noise_adam=stats.fmt(a["b_noise"], se=a["b_noise_se"]) if a else None,
+                      flag=e["flag"] or ""))
+  out.table(table, ["stage", "round", "reward", *KEYS, "b_noise_adam", "flag"],
+            title=f"Gradient noise of the default run, pooled P = {args.prompts} x K = {K} "
+            f"batches (± jackknife SE)",
+            notes=f"b_noise is at K = {K}; b_noise_adam in Adam's preconditioned metric "
+                  "(none at the SFT base: no Adam state yet). Tracker: the run's EMA "
+                  "(decay config.noise.ema_decay) of per-round split estimates.")
   t = results["tracker"]
-  for k, lab in (("b_intra", "B_intra (rollouts)"), ("b_noise", f"B_noise at K={K} (rollouts)")):
-    ax[0].plot(t["round"], t[k], label=f"tracker {lab}")
-  ax[0].plot(t["round"], K * np.asarray(t["b_inter"], float), label=f"tracker K*B_inter (rollouts)")
-  for label, m in (("early", "o"), ("late", "s")):
-    e = results[label]["exact"]
-    x = results[label]["round"]
-    for k, scale, c in (("b_intra", 1, "C0"), ("b_noise", 1, "C1"), ("b_inter", K, "C2")):
-      ax[0].errorbar([x], [scale * e[k]], yerr=[scale * e[k + "_se"]], fmt=m, color=c,
-                     capsize=3)
-  ax[0].set_yscale("log")
-  ax[0].set_xlabel("round")
-  ax[0].set_title("noise scales: EMA tracker (lines), precise pooled (markers ± SE)")
-  ax[0].legend(fontsize=7)
-  ax[1].plot([r for r, _ in evals], [p for _, p in evals], "o-")
-  ax[1].set_xlabel("round")
-  ax[1].set_ylabel("eval pass@1")
-  ax[1].set_title("held-out pass rate")
-  fig.tight_layout()
-  fig.savefig(os.path.join(args.out, "noise_over_training.png"), dpi=110)
-  print("wrote", args.out)
+  nan = lambda xs: [np.nan if x is None else x for x in xs]
+  series = {"tracker B_noise": nan(t["b_noise"]), "tracker B_intra": nan(t["b_intra"]),
+            "tracker K·B_inter": [np.nan if x is None else K * x for x in t["b_inter"]]}
+  bands = {"tracker B_noise": (nan(t["b_noise_lo"]), nan(t["b_noise_hi"]))} \
+      if any(x is not None for x in t["b_noise_lo"]) else None
+  pts = {f"precise B_noise ({lab})": [results[lab]["exact"]["b_noise"]]
+         for lab in ("early", "late")}
+  xs = {k: t["round"] for k in series} | {f"precise B_noise ({lab})": [results[lab]["round"]]
+                                          for lab in ("early", "late")}
+  plots.save(plots.noise_over_training(xs, series | pts, bands=bands,
+                                       title="noise scale over training"), out.path(".png"))
+  out.manifest(config=config)
+  print("wrote", out.dir)
 
 
 if __name__ == "__main__":

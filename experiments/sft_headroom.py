@@ -8,7 +8,7 @@ Uses the default config's SFT settings: the base with 30% label noise
 (``runs/default/sft_base``, built if missing) and the same budget without
 noise (``runs/sft_clean``). Prints pass@1 on the held-out set at temperature
 1 (what RL is evaluated on) and greedy (top-k 1), overall and by difficulty,
-and writes experiments/results/sft_headroom.md.
+and writes experiments/results/sft_headroom/sft_headroom.md (+ manifest.json).
 
 ``--quick`` uses ``configs/default.py:smoke`` (30 SFT steps of 32 problems,
 32 held-out prompts) with both bases under ``<out>/runs``; ``--out``
@@ -24,6 +24,7 @@ import jax
 import numpy as np
 from absl import logging
 
+from cbs_jax import report
 from cbs_jax import rollouts
 from cbs_jax import train
 from configs import default
@@ -76,9 +77,10 @@ def main(argv=None):
       by = " / ".join(f"{r[diff == d].mean():.3f}" for d in np.unique(diff))
       lines.append(f"| {label} | {dec} | {r.mean():.3f} | {by} |")
   text = "\n".join(lines) + "\n"
-  os.makedirs(args.out, exist_ok=True)
-  with open(os.path.join(args.out, "sft_headroom.md"), "w") as f:
+  out = report.Results("sft_headroom", root=args.out)
+  with open(out.path(".md"), "w") as f:
     f.write(text)
+  out.manifest(config=default.get_config("smoke" if args.quick else None))
   print(text)
 
 

@@ -77,7 +77,7 @@ def test_sft_headroom_quick_writes_outputs(tmp_path):
   out = tmp_path / "out"
   p = _run("sft_headroom", "--quick", f"--out={out}", cwd=tmp_path, timeout=300)
   assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-4000:]
-  assert (out / "sft_headroom.md").stat().st_size > 0
+  assert (out / "sft_headroom" / "sft_headroom.md").stat().st_size > 0
   assert sorted(os.listdir(tmp_path)) == ["out"]
 
 
