@@ -211,13 +211,13 @@ class Tapped(nnx.Module):
 
   def _tap(self, name: str, y: Array, x: Array | None = None) -> Array:
     """At the use of parameter ``name`` with output ``y`` (and input ``x``):
-    record ``x`` (``nnx.Intermediate``) and add a zero ``nnx.Perturbation``
-    to ``y``, whose gradient is dL/dy for every rollout at once. A no-op
-    unless ``capture_taps``."""
+    record ``x`` as the ``nnx.Intermediate`` ``name + "_in"`` and add a zero
+    ``nnx.Perturbation`` ``name`` to ``y``, whose gradient is dL/dy for every
+    rollout at once. A no-op unless ``capture_taps``."""
     if not self.capture_taps:
       return y
     if x is not None:
-      self.sow(nnx.Intermediate, name, x)
+      self.sow(nnx.Intermediate, name + "_in", x)
     return self.perturb(name, y)
 
 

@@ -54,17 +54,21 @@ def process_logits(logits: Array, temperature: float = 1.0, top_k: int = 0,
   return jax.nn.log_softmax(x, axis=-1)
 
 
-def score(graphdef, params, prompt_BxTp, prompt_mask_BxTp, completion_BxTc,
-          completion_mask_BxTc, temperature: float = 1.0, top_k: int = 0,
-          top_p: float = 1.0, suppress_ids: tuple = ()) -> ScoreOutput:
-  """Teacher-forced log-probs of the completion tokens (same layout and
-  processing as ``generate``). Pure and jittable; differentiate through it."""
-  Tp = prompt_BxTp.shape[1]
-  Tc = completion_BxTc.shape[1]
+def teacher_forcing_inputs(prompt_BxTp, prompt_mask_BxTp, completion_BxTc,
+                           completion_mask_BxTc):
+  """(tokens, positions, kv_mask) of the full [prompt][completion] sequence."""
   tokens = jnp.concatenate([prompt_BxTp, completion_BxTc], 1)
   mask = jnp.concatenate([prompt_mask_BxTp.astype(bool),
                           completion_mask_BxTc.astype(bool)], 1)
-  out = model_lib.apply(graphdef, params, tokens, positions_from_mask(mask), mask)
+  return tokens, positions_from_mask(mask), mask
+
+
+def score_from_output(out: model_lib.Output, prompt_len: int, completion_BxTc,
+                      completion_mask_BxTc, temperature: float = 1.0, top_k: int = 0,
+                      top_p: float = 1.0, suppress_ids: tuple = ()) -> ScoreOutput:
+  """``score`` given the model's output over ``teacher_forcing_inputs`` (for
+  callers that run the forward themselves, e.g. ``ghost.py``'s tapped one)."""
+  Tp, Tc = prompt_len, completion_BxTc.shape[1]
   logits = jax.lax.dynamic_slice_in_dim(out.logits, Tp - 1, Tc, axis=1)
   logp_all = process_logits(logits, temperature, top_k, top_p, suppress_ids)
   logp = jnp.take_along_axis(logp_all, completion_BxTc[..., None], -1)[..., 0]
@@ -73,3 +77,14 @@ def score(graphdef, params, prompt_BxTp, prompt_mask_BxTp, completion_BxTc,
   if out.values is not None:
     values = jax.lax.dynamic_slice_in_dim(out.values, Tp - 1, Tc, axis=1)
   return ScoreOutput(logp, values, logp_all)
+
+
+def score(graphdef, params, prompt_BxTp, prompt_mask_BxTp, completion_BxTc,
+          completion_mask_BxTc, temperature: float = 1.0, top_k: int = 0,
+          top_p: float = 1.0, suppress_ids: tuple = ()) -> ScoreOutput:
+  """Teacher-forced log-probs of the completion tokens (same layout and
+  processing as ``generate``). Pure and jittable; differentiate through it."""
+  out = model_lib.apply(graphdef, params, *teacher_forcing_inputs(
+      prompt_BxTp, prompt_mask_BxTp, completion_BxTc, completion_mask_BxTc))
+  return score_from_output(out, prompt_BxTp.shape[1], completion_BxTc, completion_mask_BxTc,
+                           temperature, top_k, top_p, suppress_ids)
