@@ -85,8 +85,8 @@ def test_bf16_run_keeps_float32_optimizer_state_and_statistics(tmp_path):
     from configs import default  # pylint: disable=import-outside-toplevel
     c = default.get_config("smoke")
     c.task.kwargs.max_digits = 1
-    c.sft.steps, c.train.num_rounds, c.train.eval_every = 20, 2, 0
-    c.train.eval_prompts = 16
+    c.sft.steps, c.train.num_rounds, c.train.eval_every = 5, 2, 0
+    c.train.eval_prompts, c.train.eval_expected = 8, False
     c.model.dtype = c.model.param_dtype = dtype
     return c
   s16 = train.train_and_evaluate(cfg("bfloat16"), str(tmp_path / "bf16"))
