@@ -39,6 +39,17 @@ for k, x in jax.tree_util.tree_flatten_with_path(opt)[0]:
 b = sharding.shard_batch({"x": jnp.zeros((16, 3)), "y": jnp.zeros((6,))}, mesh)
 out["batch_x"] = [list(b["x"].sharding.spec), 8, b["x"].addressable_shards[0].data.size, 48]
 out["batch_y"] = [list(b["y"].sharding.spec), 8, b["y"].addressable_shards[0].data.size, 6]
+# the KV cache inside the jitted sampler: per-device buffers of the compiled
+# program, [B/4 rows, KV/2 heads, ...] (B=16 over data x fsdp, 4 kv heads over tensor)
+from cbs_jax import sampling
+c2 = model.default_config(); c2.vocab_size = 16; c2.num_kv_heads = 4
+g2, p2 = model.build(c2)
+p2 = sharding.shard_params(p2, mesh)
+pb = sharding.shard_batch({"p": jnp.ones((16, 6), jnp.int32), "m": jnp.ones((16, 6), bool)}, mesh)
+smp = sampling.make_sampler(g2, max_new_tokens=8, eos_id=1, pad_id=0)
+hlo = smp.lower(p2, pb["p"], pb["m"], jax.random.key(0)).compile().as_text()
+out["kv_full"] = hlo.count("f32[16,4,")
+out["kv_sharded"] = hlo.count("f32[4,2,")
 print(json.dumps(out))
 """
 
@@ -68,6 +79,10 @@ def test_parameters_and_optimizer_state_shard_by_logical_axis_names():
   assert mu_wq[0] == ["fsdp", "tensor", None] and mu_wq[2] * 4 == mu_wq[3]
   assert nu_up[0] == ["fsdp", "tensor"]
   assert all(v[0] == [] for k, v in opt.items() if "count" in k)
+  # the sampler's KV cache [B, KV, S, Dh] lives as [B/4, KV/2, ...] per device,
+  # never whole on one
+  assert specs["kv_full"] == 0 and specs["kv_sharded"] > 0, (specs["kv_full"],
+                                                             specs["kv_sharded"])
   # batches: rollouts over (data, fsdp) = 4 shards; 6 rows: over data only
   assert specs["batch_x"][0] == [["data", "fsdp"]] and specs["batch_x"][2] == 12
   assert specs["batch_y"][0] == ["data"] and specs["batch_y"][2] == 3
