@@ -593,6 +593,33 @@ def noise_stats(estimates: Mapping[str, Any], P: int, K: int,
 _MOMENT_KEYS = ("t", "g", "tt", "gg", "tg", "w2")
 
 
+def t_quantile_like(z: float, dof: float) -> float:
+  """The Student-t quantile with ``dof`` degrees of freedom at the coverage
+  of the normal quantile ``z`` (e.g. z = 2 -> t_{0.977, dof}); no scipy.
+
+  dof >= 2: the Cornish-Fisher expansion of Hill (1970, CACM 13:617) in
+  1/dof to 4th order (within 1% of the exact quantile for z <= 2; at z = 3
+  10% narrow at dof = 2, 2.5% at dof = 3); 1 <= dof < 2: linear in 1/dof
+  between the closed forms at dof = 1 (tan(pi (p - 1/2))) and dof = 2
+  ((2p - 1) / sqrt(2 p (1 - p))), never narrower than exact; dof < 1: inf. ``tests/test_adaptive.py`` checks it against scipy."""
+  if not dof >= 1:
+    return math.inf
+  if math.isinf(dof):
+    return float(z)
+  if dof < 2:
+    p = 0.5 * math.erfc(-z / math.sqrt(2.0))
+    t1 = math.tan(math.pi * (p - 0.5))
+    t2 = (2 * p - 1) / math.sqrt(2 * p * (1 - p))
+    return float(t1 + (t2 - t1) * (1 - 1 / dof) * 2)
+  z2 = z * z
+  g1 = (z2 + 1) * z / 4
+  g2 = ((5 * z2 + 16) * z2 + 3) * z / 96
+  g3 = (((3 * z2 + 19) * z2 + 17) * z2 - 15) * z / 384
+  g4 = ((((79 * z2 + 776) * z2 + 1482) * z2 - 1920) * z2 - 945) * z / 92160
+  n = float(dof)
+  return float(z + g1 / n + g2 / n ** 2 + g3 / n ** 3 + g4 / n ** 4)
+
+
 class NoiseEMA:
   """Bias-corrected EMAs of trI, trB, G2, smoothed separately.
 
@@ -658,29 +685,56 @@ class NoiseEMA:
     their EMAs (weights w_t = decay^age). The per-round values are treated
     as independent draws around slowly moving means: the weighted variances
     and covariance of (T, G), times sum(w^2)/sum(w)^2 (the EMA's effective
-    1/n), give the variance of the two EMAs, and the delta method that of
-    their ratio. ``resolved`` is False while the G EMA is within ``z`` SEs
-    of 0 (or fewer than 3 updates): then ``hi`` is inf and ``lo`` 0.
-    Returns ``dict(b_noise, se, lo, hi, resolved, n_eff)``.
+    1/n), give the variances v_T, v_G and covariance c of the two EMAs.
+
+    ``se`` is the delta-method SE of the ratio r = T/G. The interval
+    ``[lo, hi]`` is Fieller's: the r with (T - r G)^2 <= z^2 (v_T - 2 r c +
+    r^2 v_G), i.e. the ratios a z-SE test of T - r G = 0 does not reject.
+    Unlike r +- z se it is skewed upward when G is barely resolved (a ratio
+    of noisy means has a long right tail), so a G EMA that happens to be low
+    does not produce a confidently high B_noise. It is bounded exactly when
+    G > z sqrt(v_G); otherwise ``resolved`` is False, ``lo`` 0 and ``hi``
+    inf (also with fewer than 3 updates, or a checkpoint from before the
+    moments were kept). ``lo`` is clipped at 0 (T is a trace).
+
+    The variances are themselves estimated from n_eff = sum(w)^2/sum(w^2)
+    rounds (Kish's effective sample size), so ``z`` (a normal quantile) is
+    widened to the Student-t quantile of the same coverage with n_eff - 1
+    degrees of freedom (``t_quantile_like``): with a handful of rounds three
+    draws that happen to agree do not make a confident interval.
+
+    When N changes between rounds (the adaptive controller), rounds still
+    carry equal EMA weights and the scatter mixes their variances: the SE
+    is then an approximation, exact at constant N.
+    Returns ``dict(b_noise, se, lo, hi, resolved, n_eff, z)`` (``z``: the
+    widened quantile used).
     """
     m, W = self.moments, self.weight
-    if self.count < 3 or W <= 0:
-      return dict(b_noise=_NAN, se=_NAN, lo=0.0, hi=math.inf, resolved=False, n_eff=0.0)
+    if self.count < 3 or W <= 0 or m["w2"] <= 0:
+      return dict(b_noise=_NAN, se=_NAN, lo=0.0, hi=math.inf, resolved=False, n_eff=0.0,
+                  z=math.inf)
     mt, mg = m["t"] / W, m["g"] / W
     n_eff = W * W / m["w2"]
     corr = n_eff / max(n_eff - 1.0, 1e-12)  # unbiased weighted (co)variances
+    z = t_quantile_like(z, n_eff - 1.0)  # the variances are estimated: Student-t width
     vt = max(m["tt"] / W - mt * mt, 0.0) * corr / n_eff
     vg = max(m["gg"] / W - mg * mg, 0.0) * corr / n_eff
     ctg = (m["tg"] / W - mt * mg) * corr / n_eff
+    ctg = max(-math.sqrt(vt * vg), min(ctg, math.sqrt(vt * vg)))  # a valid covariance
     se_g = math.sqrt(vg)
     if not mg > z * se_g:
       return dict(b_noise=mt / mg if mg > 0 else _NAN, se=_NAN, lo=0.0, hi=math.inf,
-                  resolved=False, n_eff=n_eff)
+                  resolved=False, n_eff=n_eff, z=z)
     r = mt / mg
     var_r = (vt - 2 * r * ctg + r * r * vg) / (mg * mg)
     se = math.sqrt(max(var_r, 0.0))
-    return dict(b_noise=r, se=se, lo=max(r - z * se, 0.0), hi=r + z * se, resolved=True,
-                n_eff=n_eff)
+    # Fieller: a r^2 - 2 b r + c <= 0 with a > 0 (G resolved); r itself satisfies it
+    z2 = z * z
+    a, b, c = mg * mg - z2 * vg, mt * mg - z2 * ctg, mt * mt - z2 * vt
+    half = math.sqrt(max(b * b - a * c, 0.0))
+    lo, hi = (b - half) / a, (b + half) / a
+    return dict(b_noise=r, se=se, lo=max(min(lo, r), 0.0), hi=max(hi, r), resolved=True,
+                n_eff=n_eff, z=z)
 
   def state_dict(self) -> dict[str, float]:
     return dict(decay=self.decay, count=float(self.count),
