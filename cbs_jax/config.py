@@ -85,10 +85,13 @@ def base_config() -> ConfigDict:
   c.batch.schedule = "fixed"       # fixed | adaptive (prompts per round set from the noise tracker)
   c.batch.adaptive_min_prompts = 8  # adaptive: smallest P (buckets: min * 2^j, bounds recompiles)
   c.batch.adaptive_max_prompts = 256  # adaptive: largest P
-  c.batch.adaptive_factor = 1.0     # adaptive: target N = factor * tracked B_noise (rollouts)
+  c.batch.adaptive_factor = 1.0     # adaptive: target N = factor * signal (rollouts)
   c.batch.adaptive_every = 10       # adaptive: rounds between decisions
   c.batch.adaptive_signal = "b_noise"  # adaptive: b_noise (raw gradients) | b_noise_adam (in
-                                       # Adam's preconditioned metric)
+                                       # Adam's preconditioned metric) | b_crit (the raw
+                                       # tracker x adaptive_b_crit_ratio; see cbs_jax/batch.py)
+  c.batch.adaptive_b_crit_ratio = 0.0  # adaptive, signal b_crit: B_crit / B_noise measured by an
+                                       # on-policy study at this K (0 = unset)
   c.batch.adaptive_hysteresis = 1.25   # adaptive: move only when the whole interval leaves the
                                        # current bucket's range widened by this factor
   c.batch.adaptive_z = 2.0          # adaptive: tracker interval = estimate +- z SE
@@ -183,7 +186,8 @@ _NON_NEGATIVE = ("seed", "drift.probe_prompts", "sampling.top_k", "sampling.max_
                  "optim.warmup_steps", "optim.weight_decay", "optim.grad_clip",
                  "train.eval_every", "train.checkpoint_every",
                  "noise.split_every", "noise.exact_every", "noise.drift_every",
-                 "rl.kl_beta", "rl.vf_coef", "rl.value_clip", "rl.clip_c")
+                 "batch.adaptive_b_crit_ratio", "rl.kl_beta", "rl.vf_coef", "rl.value_clip",
+                 "rl.clip_c")
 
 
 def _get(c, dotted):
@@ -290,9 +294,12 @@ def validate(c: ConfigDict) -> None:
           f"{P_mb} prompts of one update")
     if c.batch.schedule == "adaptive":
       b = c.batch
-      if _num(c, "batch.adaptive_hysteresis") < 1.0:
+      if not _num(c, "batch.adaptive_hysteresis") >= 1.0:
         raise ValueError(f"config.batch.adaptive_hysteresis must be >= 1, got "
                          f"{b.adaptive_hysteresis!r}")
+      for field in ("batch.adaptive_factor", "batch.adaptive_z", "batch.adaptive_hysteresis"):
+        if not math.isfinite(_num(c, field)):
+          raise ValueError(f"config.{field} must be finite, got {_get(c, field)!r}")
       if b.adaptive_max_prompts < b.adaptive_min_prompts:
         raise ValueError(f"config.batch.adaptive_max_prompts={b.adaptive_max_prompts} is "
                          f"below config.batch.adaptive_min_prompts={b.adaptive_min_prompts}")
@@ -304,6 +311,18 @@ def validate(c: ConfigDict) -> None:
       if not c.noise.split_every:
         raise ValueError("config.batch.schedule='adaptive' reads the noise tracker: set "
                          "config.noise.split_every > 0")
+      buckets = [b.adaptive_min_prompts * 2 ** j for j in range(64)
+                 if b.adaptive_min_prompts * 2 ** j <= b.adaptive_max_prompts]
+      if P not in buckets:
+        raise ValueError(f"config.batch.num_prompts={P} (the adaptive run's first batch) is "
+                         f"not one of its buckets {buckets} (config.batch.adaptive_min_prompts"
+                         f"={b.adaptive_min_prompts} x 2^j <= config.batch.adaptive_max_prompts"
+                         f"={b.adaptive_max_prompts})")
+      if b.adaptive_signal == "b_crit" and not (
+          math.isfinite(b.adaptive_b_crit_ratio) and b.adaptive_b_crit_ratio > 0):
+        raise ValueError("config.batch.adaptive_signal='b_crit' needs config.batch."
+                         "adaptive_b_crit_ratio > 0 (B_crit / B_noise from an on-policy study), "
+                         f"got {b.adaptive_b_crit_ratio!r}")
     if c.rl.algo == "ppo" and not c.model.value_head:
       raise ValueError("config.rl.algo='ppo' needs config.model.value_head=True")
     if (c.rl.algo == "ppo") != (c.rl.advantage == "gae"):

@@ -409,6 +409,18 @@ class Run:
     return self.updaters[P_mb]
 
 
+def make_controller(config) -> batch_lib.AdaptiveBatch | None:
+  """The adaptive batch controller of ``config.batch`` (None for a fixed
+  schedule), starting at ``batch.num_prompts``."""
+  b = config.batch
+  if b.schedule != "adaptive":
+    return None
+  return batch_lib.AdaptiveBatch(
+      b.rollouts_per_prompt, b.adaptive_min_prompts, b.adaptive_max_prompts,
+      b.adaptive_factor, b.adaptive_every, prompts=b.num_prompts,
+      hysteresis=b.adaptive_hysteresis)
+
+
 def start_run(config, workdir: str, setup: Setup) -> Run:
   """Resume ``workdir``'s run or start it from the SFT base (built if missing)."""
   c = config
@@ -442,15 +454,9 @@ def start_run(config, workdir: str, setup: Setup) -> Run:
     ema.load_state_dict(meta["ema"])
     if "ema_adam" in meta:
       ema_adam.load_state_dict(meta["ema_adam"])
-  controller = None
-  if c.batch.schedule == "adaptive":
-    b = c.batch
-    controller = batch_lib.AdaptiveBatch(
-        b.rollouts_per_prompt, b.adaptive_min_prompts, b.adaptive_max_prompts,
-        b.adaptive_factor, b.adaptive_every, prompts=b.num_prompts,
-        hysteresis=b.adaptive_hysteresis)
-    if "controller" in meta:
-      controller.load_state_dict(meta["controller"])
+  controller = make_controller(c)
+  if controller is not None and "controller" in meta:
+    controller.load_state_dict(meta["controller"])
   # metrics are written once, by process 0 (every process computes the same rows)
   writer = (metrics_lib.MetricsWriter(workdir, resume_round=meta["round"] + 1)
             if jax.process_index() == 0 else _NoWriter())
