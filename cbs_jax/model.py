@@ -202,6 +202,48 @@ def _param(rngs: nnx.Rngs, shape, axes, std) -> nnx.Param:
   return nnx.Param(value, out_sharding=axes)
 
 
+def dense(x: Array, w: Array) -> Array:
+  """``x @ w`` over the last axis of ``x`` (``w``: [in, out]), with a backward
+  pass whose weight gradient dW = X^T dY (X, dY: [tokens, in/out]) takes the
+  tokens as rows of two row-major matrices. On a CPU, XLA otherwise often
+  materialises the transpose of the WIDER operand (fused into its producer,
+  a strided write ~10x slower per byte than a narrow one); here the narrower
+  of X and dY is transposed explicitly and the product is a plain GEMM (1.3x
+  faster RL updates at d_model 128, 2x at the quickstart's 64). Other
+  platforms use XLA's own transpose rule (``lax.platform_dependent``).
+  Reverse mode only (a ``jax.custom_vjp``)."""
+  return _dense(x, w)
+
+
+@jax.custom_vjp
+def _dense(x, w):
+  return jnp.dot(x, w)
+
+
+def _dense_fwd(x, w):
+  return jnp.dot(x, w), (x, w)
+
+
+def _dw_cpu(x2, dy2):
+  if x2.shape[1] <= dy2.shape[1]:
+    return jax.lax.optimization_barrier(x2.T) @ dy2
+  return (jax.lax.optimization_barrier(dy2.T) @ x2).T
+
+
+def _dw_default(x2, dy2):
+  return jax.lax.dot_general(x2, dy2, (((0,), (0,)), ((), ())))
+
+
+def _dense_bwd(res, dy):
+  x, w = res
+  x2, dy2 = x.reshape(-1, x.shape[-1]), dy.reshape(-1, dy.shape[-1])
+  dw = jax.lax.platform_dependent(x2, dy2, cpu=_dw_cpu, default=_dw_default)
+  return jnp.dot(dy, w.T).astype(x.dtype), dw.astype(w.dtype)
+
+
+_dense.defvjp(_dense_fwd, _dense_bwd)
+
+
 class Tapped(nnx.Module):
   """Ghost-norm hooks (``ghost.py``). ``capture_taps`` is a class attribute,
   False, so the default forward traces no tap and its graphdef is unchanged;
@@ -303,9 +345,13 @@ class Attention(Tapped):
     B, T, _ = x_BxTxD.shape
     KV, G, Dh = self.num_kv_heads, self.num_heads // self.num_kv_heads, self.head_dim
     x = x_BxTxD
-    q = self._tap("wq", jnp.einsum("btd,dhk->bthk", x, self.wq[...].astype(dt)), x)
-    k = self._tap("wk", jnp.einsum("btd,dhk->bthk", x, self.wk[...].astype(dt)), x)
-    v = self._tap("wv", jnp.einsum("btd,dhk->bthk", x, self.wv[...].astype(dt)), x)
+    def proj(param):  # [D, heads, Dh] weight as one [D, heads * Dh] GEMM
+      w = param[...]
+      return dense(x, w.reshape(w.shape[0], -1).astype(dt)).reshape(B, T, -1, Dh)
+
+    q = self._tap("wq", proj(self.wq), x)
+    k = self._tap("wk", proj(self.wk), x)
+    v = self._tap("wv", proj(self.wv), x)
     if self.bq is not None:
       q = self._tap("bq", q + self.bq[...].astype(dt))
       k = self._tap("bk", k + self.bk[...].astype(dt))
@@ -339,7 +385,8 @@ class Attention(Tapped):
     out = jnp.einsum("bkqs,bksd->bkqd", probs, vals.astype(dt))        # B,KV,G*T,Dh
     out = out.reshape(B, KV, G, T, Dh).transpose(0, 3, 1, 2, 4).reshape(
         B, T, self.num_heads, Dh)
-    y = jnp.einsum("bthk,hkd->btd", out, self.wo[...].astype(dt))
+    wo = self.wo[...]
+    y = dense(out.reshape(B, T, -1), wo.reshape(-1, wo.shape[-1]).astype(dt))
     return self._tap("wo", y, out), cache
 
 
@@ -354,10 +401,10 @@ class SwiGLU(Tapped):
 
   def __call__(self, x):
     dt = x.dtype
-    gate = self._tap("w_gate", x @ self.w_gate[...].astype(dt), x)
-    up = self._tap("w_up", x @ self.w_up[...].astype(dt), x)
+    gate = self._tap("w_gate", dense(x, self.w_gate[...].astype(dt)), x)
+    up = self._tap("w_up", dense(x, self.w_up[...].astype(dt)), x)
     h = jax.nn.silu(gate) * up
-    return self._tap("w_down", h @ self.w_down[...].astype(dt), h)
+    return self._tap("w_down", dense(h, self.w_down[...].astype(dt)), h)
 
 
 class Block(nnx.Module):
@@ -409,14 +456,14 @@ class Transformer(Tapped):
       new_cache.append(lc)
     h = self.final_norm(x)
     if self.lm_head is None:  # tied: the embedding table is the head
-      logits = self._tap("embed_head", h @ self.embed[...].T.astype(self.dtype), h)
+      logits = self._tap("embed_head", dense(h, self.embed[...].T.astype(self.dtype)), h)
     else:
-      logits = self._tap("lm_head", h @ self.lm_head[...].astype(self.dtype), h)
+      logits = self._tap("lm_head", dense(h, self.lm_head[...].astype(self.dtype)), h)
     logits = logits.astype(jnp.float32)
     values = None
     if self.value is not None:
       h32 = h.astype(jnp.float32)
-      values = self._tap("value", h32 @ self.value[...], h32)[..., 0]
+      values = self._tap("value", dense(h32, self.value[...]), h32)[..., 0]
     return Output(logits, values, None if cache is None else tuple(new_cache))
 
 

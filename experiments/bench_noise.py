@@ -12,7 +12,7 @@ A --base_dir holding a finished SFT checkpoint is loaded via ``sft.train_sft``.)
 
 Setup: ``configs/default.py`` (arithmetic task, default small model, vocab from
 the task tokenizer via ``train.prepare``), P = 16 prompts x K = 16 rollouts =
-N = 256 rollouts, one real rollout batch built by ``train._round_batch``
+N = 256 rollouts, one real rollout batch built by ``train.round_batch``
 (round 0, on-policy: the first update of a round). Paths, each ``jax.jit``-ed
 and warmed up (compile excluded), timed with ``jax.block_until_ready``;
 the paths are timed round-robin (one call of each per repeat) so that load
@@ -36,16 +36,15 @@ Breakdown of the exact path (to see what it costs):
   gradients must still be materialised, but no per-leaf/per-prompt reductions.
 * prompt grads: ``vmap`` over prompts of the grad of each prompt's summed loss
   (P gradients of |theta|, what the group means alone need).
-* ghost (prototype): the same GroupMoments from ONE forward + backward,
-  without per-rollout gradients: the backward is taken w.r.t. zero "taps"
-  added to every parameter use's output (dL/dy for all rollouts at once);
-  per-rollout squared norms of dense weights then come from the Gram identity
-  |sum_t x_t^T dy_t|_F^2 = sum_{t,s} (x_t . x_s)(dy_t . dy_s), and the prompt
-  gradients gbar_p from the usual weight-gradient contraction keeping the
-  prompt index; their mean is the batch gradient, returned too (so an
-  exact-measured update would need no separate plain gradient). It re-writes
-  the default model's forward (``make_ghost``); checked against the loop.
-  "ghost sqnorms only" is that pass without the prompt gradients.
+* ghost: ``ghost.moments_and_grad``, the same GroupMoments from ONE forward +
+  backward, without per-rollout gradients: the model's taps (``model.Tapped``
+  under ``nnx.capture``) give dL/dy of every parameter use for all rollouts
+  at once; per-rollout squared norms of dense weights come from the Gram
+  identity |sum_t x_t^T dy_t|_F^2 = sum_{t,s} (x_t . x_s)(dy_t . dy_s) and the
+  prompt means from contractions keeping the prompt index (whichever exact
+  form is cheaper per parameter); it returns the batch gradient too, so an
+  exact-measured update needs no separate plain gradient. "ghost gram" /
+  "ghost materialize" force one form everywhere.
 
 Memory: XLA's compiled memory analysis of each jitted function,
 ``jax.jit(f).lower(*args).compile().memory_analysis()``; "temp MB" is
@@ -57,44 +56,28 @@ Cross-checks printed: split grad vs plain grad, and every exact variant's
 GroupMoments (summed over leaves) vs the loop's (independent computation).
 
 The last line is
-    RESULT overhead_vs_plain_grad=<exact/plain> split_overhead=<split/plain> speedup_vs_loop=<loop/exact>
-with exact at the config's chunk_prompts.
+    RESULT overhead_vs_plain_grad=<exact/plain> split_overhead=<split/plain> speedup_vs_loop=<loop/exact> ghost_overhead=<ghost/plain>
+with exact the vmap path at the config's chunk_prompts and ghost
+``ghost.moments_and_grad``.
 """
 from __future__ import annotations
 
 import argparse
-import importlib.util
-import math
 import os
-import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import jax
+import jax.numpy as jnp
+import numpy as np
 
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
-from flax import nnx  # noqa: E402
-
-from cbs_jax import gradstats  # noqa: E402
-from cbs_jax import model as model_lib  # noqa: E402
-from cbs_jax import noise  # noqa: E402
-from cbs_jax import objective  # noqa: E402
-from cbs_jax import rl  # noqa: E402
-from cbs_jax import sampling  # noqa: E402
-from cbs_jax import scoring  # noqa: E402
-from cbs_jax import sft  # noqa: E402
-from cbs_jax import train  # noqa: E402
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def load_default_config():
-  spec = importlib.util.spec_from_file_location(
-      "default_config", os.path.join(ROOT, "configs", "default.py"))
-  mod = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(mod)
-  return mod.get_config()
+from cbs_jax import ghost
+from cbs_jax import gradstats
+from cbs_jax import model as model_lib
+from cbs_jax import noise
+from cbs_jax import objective
+from cbs_jax import sft
+from cbs_jax import train
+from configs import default as default_cfg
 
 
 def load_params(config, setup, base_dir):
@@ -187,206 +170,6 @@ def prompt_grads(params, graphdef, batch, P, K, rl_cfg, s_cfg):
 
 
 # ---------------------------------------------------------------------------
-# Ghost-norm prototype: per-rollout squared norms without per-rollout grads.
-# ---------------------------------------------------------------------------
-# The model's forward is re-written here with "taps": every parameter use
-# y = f(x, W) gets a zero additive perturbation on its output, so that
-# d L_i / d y (for all rollouts at once: L = sum_i L_i, and rollout i's
-# tokens only touch rollout i's activations) comes out of ONE batched
-# backward pass. For a dense use y_t = x_t W (x_t in R^din, tokens t of one
-# rollout), grad_W L_i = sum_t x_t^T dy_t and
-#     |grad_W L_i|_F^2 = sum_{t,s} (x_t . x_s)(dy_t . dy_s)
-# (T^2 (din + dout) flops instead of T din dout plus a din x dout write).
-# Embedding (gather): grad_E L_i = sum_t onehot(tok_t)^T dx_t, so
-# |.|^2 = sum_{t,s} [tok_t == tok_s] (dx_t . dx_s). RMSNorm scale:
-# grad = sum_t xhat_t * dy_t, materialised per rollout (only d_model wide).
-# The forward must equal model.Transformer's (checked: logits and the
-# moments against the loop).
-
-def _rms(x, eps=1e-6):
-  x32 = x.astype(jnp.float32)
-  return x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, -1, keepdims=True) + eps)
-
-
-def _paths(params):
-  """gradstats.leaf_paths without the Variable suffix ('.../wq/.value' -> '.../wq')."""
-  return [p.removesuffix("/.value") for p in gradstats.leaf_paths(params)]
-
-
-def _gram_sq(x_BxTxI, dy_BxTxO, mask_BxT=None):
-  """Per-rollout |sum_t x_t^T dy_t|_F^2 via the Gram identity, [B]."""
-  gx = jnp.einsum("bti,bsi->bts", x_BxTxI, x_BxTxI)
-  gy = jnp.einsum("bto,bso->bts", dy_BxTxO, dy_BxTxO)
-  return jnp.sum(gx * gy, axis=(1, 2))
-
-
-def make_ghost(graphdef, params, rl_cfg, s_cfg, P, K):
-  cfg = model_lib.config_of(graphdef, params)
-  if cfg.tie_embeddings or cfg.value_head or cfg.dtype != "float32":
-    raise ValueError("ghost prototype covers the default model only")
-  L, H, KV = cfg.num_layers, cfg.num_heads, cfg.num_kv_heads
-  dh = cfg.d_model // H
-  N = P * K
-
-  def forward(pp, taps, tokens, positions, kv_mask):
-    """model.Transformer.__call__ (cache=None), with taps added to every
-    parameter-use output. Returns logits and the inputs x of each use."""
-    ins = {}
-    x = pp["embed"][tokens] + taps["embed"]
-    for i in range(L):
-      b, t = pp["blocks"][i], taps["blocks"][i]
-      xn = _rms(x)
-      ins[f"{i}/attn_norm"] = xn
-      h = xn * b["attn_norm"]["scale"] + t["attn_norm"]
-      ins[f"{i}/attn_in"] = h
-      q = jnp.einsum("btd,dhk->bthk", h, b["attn"]["wq"]) + t["wq"]
-      k = jnp.einsum("btd,dhk->bthk", h, b["attn"]["wk"]) + t["wk"]
-      v = jnp.einsum("btd,dhk->bthk", h, b["attn"]["wv"]) + t["wv"]
-      q = model_lib.rope(q, positions, cfg.rope_theta)
-      k = model_lib.rope(k, positions, cfg.rope_theta)
-      B, T = tokens.shape
-      g = H // KV
-      qg = q.reshape(B, T, KV, g, dh)
-      sc = jnp.einsum("btkgd,bskd->bkgts", qg, k) / math.sqrt(dh)
-      allowed = (jnp.arange(T)[None, :] <= jnp.arange(T)[:, None])[None] & kv_mask[:, None, :]
-      sc = jnp.where(allowed[:, None, None], sc, model_lib._NEG_INF)
-      pr = jax.nn.softmax(sc, axis=-1)
-      o = jnp.einsum("bkgts,bskd->btkgd", pr, v).reshape(B, T, H * dh)
-      ins[f"{i}/wo_in"] = o
-      x = x + jnp.einsum("btf,fd->btd", o, b["attn"]["wo"].reshape(H * dh, -1)) + t["wo"]
-      xn = _rms(x)
-      ins[f"{i}/mlp_norm"] = xn
-      h = xn * b["mlp_norm"]["scale"] + t["mlp_norm"]
-      ins[f"{i}/mlp_in"] = h
-      gt = h @ b["mlp"]["w_gate"] + t["w_gate"]
-      up = h @ b["mlp"]["w_up"] + t["w_up"]
-      a = jax.nn.silu(gt) * up
-      ins[f"{i}/down_in"] = a
-      x = x + a @ b["mlp"]["w_down"] + t["w_down"]
-    xn = _rms(x)
-    ins["final_norm"] = xn
-    h = xn * pp["final_norm"]["scale"] + taps["final_norm"]
-    ins["head_in"] = h
-    logits = h @ pp["lm_head"] + taps["lm_head"]
-    return logits, ins
-
-  def zero_taps(B, T):
-    z = lambda *s: jnp.zeros((B, T) + s, jnp.float32)
-    d, f, V = cfg.d_model, cfg.d_ff, cfg.vocab_size
-    blk = lambda: dict(attn_norm=z(d), wq=z(H, dh), wk=z(KV, dh), wv=z(KV, dh), wo=z(d),
-                       mlp_norm=z(d), w_gate=z(f), w_up=z(f), w_down=z(d))
-    return dict(embed=z(d), blocks=[blk() for _ in range(L)], final_norm=z(d),
-                lm_head=z(V))
-
-  def loss_from_logits(logits_full, batch, counts):
-    """objective.rollout_losses given the model's logits (same code path)."""
-    Tp = batch["prompt"].shape[1]
-    Tc = batch["completion"].shape[1]
-    mask = batch["completion_mask"]
-    logits = jax.lax.dynamic_slice_in_dim(logits_full, Tp - 1, Tc, axis=1)
-    logp_all = scoring.process_logits(logits, s_cfg.temperature, s_cfg.top_k, s_cfg.top_p)
-    logp = jnp.take_along_axis(logp_all, batch["completion"][..., None], -1)[..., 0]
-    logp = jnp.where(mask.astype(bool), logp, 0.0)
-    logp_old = jnp.where(batch["on_policy"][:, None], jax.lax.stop_gradient(logp),
-                         batch["logp_old"])
-    loss_BxT, _ = rl.policy_loss(rl_cfg.loss, logp, logp_old, batch["adv"], mask, rl_cfg)
-    if rl_cfg.kl_beta:
-      loss_BxT = loss_BxT + rl_cfg.kl_beta * mask * rl.kl_penalty(
-          logp, batch["logp_ref"], rl_cfg.kl_estimator)
-    w = rl.aggregation_weights(mask, rl_cfg.aggregation, counts.num_seqs,
-                               counts.num_tokens, counts.max_len)
-    return jnp.sum(w * loss_BxT)
-
-  def inputs(batch):
-    tokens = jnp.concatenate([batch["prompt"], batch["completion"]], 1)
-    mask = jnp.concatenate([batch["prompt_mask"].astype(bool),
-                            batch["completion_mask"].astype(bool)], 1)
-    return tokens, scoring.positions_from_mask(mask), mask
-
-  def tap_grads(pp, batch):
-    """ONE forward + backward w.r.t. the taps: (inputs of each use, dL/dy)."""
-    counts = objective.counts_of(batch)
-    tokens, pos, mask = inputs(batch)
-    pd = nnx.to_pure_dict(pp)
-    B, T = tokens.shape
-
-    def f(tp):
-      logits, ins = forward(pd, tp, tokens, pos, mask)
-      return loss_from_logits(logits, batch, counts), ins
-
-    dy, ins = jax.grad(f, has_aux=True)(zero_taps(B, T))
-    return tokens, ins, dy
-
-  def uses(tokens, ins, dy):
-    """(leaf path, kind, x, dy) for every parameter use, dy flattened to [B,T,O]."""
-    B, T = tokens.shape
-    flat = lambda a: a.reshape(B, T, -1)
-    out = [("embed", "embed", tokens, dy["embed"])]
-    for i in range(L):
-      t, p = dy["blocks"][i], f"blocks/{i}"
-      out.append((f"{p}/attn_norm/scale", "scale", ins[f"{i}/attn_norm"], t["attn_norm"]))
-      for w in ("wq", "wk", "wv"):
-        out.append((f"{p}/attn/{w}", "dense", ins[f"{i}/attn_in"], flat(t[w])))
-      out.append((f"{p}/attn/wo", "dense", ins[f"{i}/wo_in"], t["wo"]))
-      out.append((f"{p}/mlp_norm/scale", "scale", ins[f"{i}/mlp_norm"], t["mlp_norm"]))
-      for w in ("w_gate", "w_up"):
-        out.append((f"{p}/mlp/{w}", "dense", ins[f"{i}/mlp_in"], t[w]))
-      out.append((f"{p}/mlp/w_down", "dense", ins[f"{i}/down_in"], t["w_down"]))
-    out.append(("final_norm/scale", "scale", ins["final_norm"], dy["final_norm"]))
-    out.append(("lm_head", "dense", ins["head_in"], dy["lm_head"]))
-    return {path: (kind, x, g) for path, kind, x, g in out}
-
-  def per_rollout_sq(kind, x, g):
-    """|grad_W L_i|^2 for each rollout i, [B], never forming grad_W L_i (dense)."""
-    if kind == "embed":
-      same = x[:, :, None] == x[:, None, :]
-      return jnp.sum(same * jnp.einsum("btd,bsd->bts", g, g), (1, 2))
-    if kind == "scale":
-      return jnp.sum(jnp.sum(x * g, 1) ** 2, -1)
-    return _gram_sq(x, g)
-
-  def per_prompt_grad(kind, x, g, shape):
-    """sum over a prompt's K rollouts of grad_W L_i, [P, *shape] (a plain
-    weight-gradient contraction that keeps the prompt index)."""
-    r = lambda a: a.reshape((P, K) + a.shape[1:])
-    if kind == "embed":
-      oh = jax.nn.one_hot(x, cfg.vocab_size, dtype=g.dtype)
-      out = jnp.einsum("pktv,pktd->pvd", r(oh), r(g))
-    elif kind == "scale":
-      out = jnp.einsum("pktd,pktd->pd", r(x), r(g))
-    else:
-      out = jnp.einsum("pkti,pkto->pio", r(x), r(g))
-    return out.reshape((P,) + shape)
-
-  def ghost_sqnorms(pp, batch):
-    """[L_leaves, N] per-rollout squared norms of g_i = N grad L_i only."""
-    tokens, ins, dy = tap_grads(pp, batch)
-    u = uses(tokens, ins, dy)
-    return (N * N) * jnp.stack([per_rollout_sq(*u[k]) for k in _paths(pp)])
-
-  def ghost_moments(pp, batch):
-    """GroupMoments (same fields/leaf order as gradstats.group_moments) and
-    the batch gradient, from one forward + backward."""
-    tokens, ins, dy = tap_grads(pp, batch)
-    u = uses(tokens, ins, dy)
-    sq, msq, bsq, grad = [], [], [], []
-    for path, leaf in zip(_paths(pp), jax.tree.leaves(pp)):
-      kind, x, g = u[path]
-      sq.append((N * N) * per_rollout_sq(kind, x, g).reshape(P, K).sum(-1))
-      gbar = (N / K) * per_prompt_grad(kind, x, g, leaf.shape)   # [P, ...] = gbar_p
-      gb = gbar.reshape(P, -1)
-      msq.append(jnp.sum(gb * gb, -1))
-      mean = jnp.mean(gbar, 0)
-      bsq.append(jnp.sum(mean * mean))
-      grad.append(mean)
-    grad = jax.tree.unflatten(jax.tree.structure(pp), grad)
-    return noise.GroupMoments(sum_sqnorm_P=jnp.stack(sq), mean_sqnorm_P=jnp.stack(msq),
-                              batch_mean_sqnorm=jnp.stack(bsq), K=K), grad
-
-  return ghost_moments, ghost_sqnorms
-
-
-# ---------------------------------------------------------------------------
 def mem_analysis(fn, *args):
   m = jax.jit(fn).lower(*args).compile().memory_analysis()
   if m is None:
@@ -414,11 +197,16 @@ def main():
   ap.add_argument("--loop_repeats", type=int, default=0,
                   help="timed passes of the naive loop (each 256 + 16 dispatches); "
                        "0 = --repeats")
-  ap.add_argument("--no_ghost", action="store_true", help="skip the ghost-norm prototype")
+  ap.add_argument("--no_ghost", action="store_true", help="skip the ghost-norm paths")
+  ap.add_argument("--quick", action="store_true",
+                  help="P=4 x K=4, 2 repeats, no breakdown (a smoke run)")
   args = ap.parse_args()
+  config = default_cfg.get_config()
+  if args.quick:
+    args.repeats = 2
+    config.batch.num_prompts, config.batch.rollouts_per_prompt = 4, 4
+    config.noise.chunk_prompts = 2
   args.loop_repeats = args.loop_repeats or args.repeats
-
-  config = load_default_config()
   setup = train.prepare(config)  # validates, fixes vocab
   P, K = config.batch.num_prompts, config.batch.rollouts_per_prompt
   N = P * K
@@ -431,7 +219,7 @@ def main():
         f"policy: {origin}", flush=True)
 
   t0 = time.perf_counter()
-  batch, rewards, _ = train._round_batch(config, graphdef, params, params, setup, 0)
+  batch, rewards, _ = train.round_batch(config, graphdef, params, params, setup, 0)
   batch["on_policy"] = jnp.ones((N,), bool)  # first update of an on-policy round
   batch = {k: batch[k] for k in objective.BATCH_KEYS}
   jax.block_until_ready(batch)
@@ -460,17 +248,19 @@ def main():
 
   paths = {"plain": plain_fn, "  plain, grad only (no aux)": plain_noaux_fn,
            "split": split_fn}
-  for C in sorted({C0, 1, 2, 16}):
+  for C in sorted({C0, 1, 2, P}) if not args.quick else [C0]:
     paths[f"exact c{C}"] = exact_fn(C)
-  paths[f"  vmap-grad only c{C0}"] = lambda p, b: vmap_grad_only(
-      p, graphdef, b, P, K, rl_cfg, s_cfg, C0)
-  paths["  prompt grads (P)"] = lambda p, b: prompt_grads(p, graphdef, b, P, K, rl_cfg, s_cfg)
-  ghost = None
-  if not args.no_ghost:
-    ghost_moments, ghost_sqnorms = make_ghost(graphdef, params, rl_cfg, s_cfg, P, K)
-    paths["  ghost sqnorms only"] = ghost_sqnorms
-    paths["ghost (prototype)"] = ghost_moments
-    ghost = True
+  if not args.quick:
+    paths[f"  vmap-grad only c{C0}"] = lambda p, b: vmap_grad_only(
+        p, graphdef, b, P, K, rl_cfg, s_cfg, C0)
+    paths["  prompt grads (P)"] = lambda p, b: prompt_grads(p, graphdef, b, P, K, rl_cfg,
+                                                            s_cfg)
+  ghost_forms = [] if args.no_ghost else (["auto"] if args.quick else
+                                          ["auto", "gram", "materialize"])
+  for form in ghost_forms:
+    name = "ghost" if form == "auto" else f"  ghost {form}"
+    paths[name] = (lambda form: lambda p, b: ghost.moments_and_grad(
+        p, graphdef, b, P, K, rl_cfg, s_cfg, form=form))(form)
 
   jitted = {name: jax.jit(f) for name, f in paths.items()}
   mem, outs = {}, {}
@@ -499,18 +289,22 @@ def main():
     if name.startswith("exact"):
       print(f"check: {name} moments vs loop, max rel diff "
             f"{rel(total_moments(outs[name]), ref):.1e}")
-  if ghost:
-    gm, g_ghost = outs["ghost (prototype)"]
-    print(f"check: ghost moments vs loop: totals {rel(total_moments(gm), ref):.1e}, "
-          f"per-leaf sum_k|g|^2 {rel(gm.sum_sqnorm_P, loop_mom.sum_sqnorm_P):.1e}, "
-          f"per-leaf |gbar_p|^2 {rel(gm.mean_sqnorm_P, loop_mom.mean_sqnorm_P):.1e}; "
-          f"ghost batch grad vs plain grad "
-          f"{max(rel(a, b) for a, b in zip(jax.tree.leaves(g_ghost), jax.tree.leaves(g_plain))):.1e}")
-    outs["ghost (prototype)"] = gm
-  g_pg = outs["  prompt grads (P)"]
-  gb_sum = jax.tree.leaves(jax.tree.map(lambda x: jnp.mean(x, 0), g_pg))
-  print(f"check: mean of prompt grads vs plain grad, max rel diff "
-        f"{max(rel(a, b) for a, b in zip(gb_sum, jax.tree.leaves(g_plain))):.1e}", flush=True)
+  for name in paths:
+    if name.strip().startswith("ghost"):
+      gm, g_ghost, _ = outs[name]
+      d_grad = max(rel(a, b) for a, b in zip(jax.tree.leaves(g_ghost),
+                                             jax.tree.leaves(g_plain)))
+      print(f"check: {name.strip()} moments vs loop: totals "
+            f"{rel(total_moments(gm), ref):.1e}, per-leaf sum_k|g|^2 "
+            f"{rel(gm.sum_sqnorm_P, loop_mom.sum_sqnorm_P):.1e}, per-leaf |gbar_p|^2 "
+            f"{rel(gm.mean_sqnorm_P, loop_mom.mean_sqnorm_P):.1e}; its batch grad vs plain "
+            f"grad {d_grad:.1e}")
+  if "  prompt grads (P)" in outs:
+    g_pg = outs["  prompt grads (P)"]
+    gb_sum = jax.tree.leaves(jax.tree.map(lambda x: jnp.mean(x, 0), g_pg))
+    print(f"check: mean of prompt grads vs plain grad, max rel diff "
+          f"{max(rel(a, b) for a, b in zip(gb_sum, jax.tree.leaves(g_plain))):.1e}")
+  print(flush=True)
 
   # ---- timing, round-robin
   times = {name: [] for name in paths}
@@ -547,8 +341,10 @@ def main():
         f"of {N} + {P} dispatches = {med['loop'] / (N + P) * 1e3:.2f} ms per dispatch; "
         f"plain / N = {base / N * 1e3:.2f} ms per rollout)")
   ex = med[f"exact c{C0}"]
+  gh = f" ghost_overhead={med['ghost'] / base:.3f}" if "ghost" in med else ""
   print(f"RESULT overhead_vs_plain_grad={ex / base:.3f} "
-        f"split_overhead={med['split'] / base:.3f} speedup_vs_loop={med['loop'] / ex:.2f}")
+        f"split_overhead={med['split'] / base:.3f} speedup_vs_loop={med['loop'] / ex:.2f}"
+        + gh)
 
 
 if __name__ == "__main__":

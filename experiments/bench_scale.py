@@ -44,7 +44,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from cbs_jax import config as config_lib
 from cbs_jax import model as model_lib
 from cbs_jax import objective
 from cbs_jax import scoring

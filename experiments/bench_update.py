@@ -13,14 +13,17 @@ each shape is drawn with ``train.round_batch``.
 * host loop: what the trainer did before -- per update a ``jnp.take`` gather,
   a ``device_put`` and a dispatch of a jitted one-update function (split
   gradient on the first), learning rates from the host; metrics read once.
+  The one-update function is ``train.RoundUpdater`` called with a single
+  update (U = 1) on the gathered minibatch.
 * scanned: ``train.RoundUpdater``: all updates of the round as one jitted
   call (gather inside, ``lax.scan`` over updates, learning rates as an array).
 
-Both are warmed up (compile excluded) and timed round-robin, median of
-``--repeats``. MFU: training FLOPs ~ 6 x params x tokens (prompt + completion
-tokens of every rollout of every update; the split path's extra work is not
-counted) over the scanned time, against a float32 matmul measured in the
-same run. Last line:
+Both are warmed up (compile excluded) and timed round-robin with a float32
+2048^2 matmul (``systems.MatmulProbe``), medians of ``--repeats``. MFU:
+training FLOPs of every update (``systems.train_flops``: 3 x a causal
+forward over prompt + completion tokens, = 6 x active params x tokens plus
+attention; the split path's extra work is not counted) over the scanned
+time, against the matmul's FLOP/s. Last line:
 
     RESULT update_speedup=<host/scanned at off-policy shapes> update_mfu_vs_matmul=<float>
 """
@@ -34,22 +37,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from cbs_jax import model as model_lib
+from cbs_jax import systems
 from cbs_jax import train
 from configs import default as default_cfg
 from configs import offpolicy as offpolicy_cfg
-
-
-def matmul_flops(n: int = 2048, repeats: int = 5) -> float:
-  """Measured float32 matmul FLOP/s (median of ``repeats``)."""
-  a = jnp.ones((n, n), jnp.float32)
-  f = jax.jit(lambda x: x @ x)
-  f(a).block_until_ready()
-  ts = []
-  for _ in range(repeats):
-    t = time.perf_counter()
-    f(a).block_until_ready()
-    ts.append(time.perf_counter() - t)
-  return 2 * n ** 3 / float(np.median(ts))
 
 
 def make_case(c):
@@ -68,20 +59,19 @@ def make_case(c):
       p = perm[m * P_mb:(m + 1) * P_mb]
       idx.append((p[:, None] * K + np.arange(K)[None]).reshape(-1))
   idx = np.stack(idx)
-  lrs = [c.optim.lr] * len(idx)
+  lrs = np.full(len(idx), c.optim.lr, np.float32)
   updater = train.RoundUpdater(c, graphdef, tx, P_mb)
-  one = {s: jax.jit(lambda st, mb, lr, s=s: updater._update(st, mb, lr, split=s),
-                    donate_argnums=(0,)) for s in (False, True)}
   state = dict(params=params, opt_state=tx.init(params))
   copy = lambda t: jax.tree.map(jnp.copy, t)
+  B_mb = idx.shape[1]
+  whole = np.arange(B_mb)[None]  # the gathered minibatch, as one update
 
   def host_loop(st):
     rows = []
     for j in range(len(idx)):
       mb = {k: jnp.take(v, jnp.asarray(idx[j]), axis=0) for k, v in batch.items()}
       mb = jax.device_put(mb)
-      mb["on_policy"] = jnp.full((idx.shape[1],), j == 0)
-      st, m, _ = one[j == 0](st, mb, lrs[j])
+      st, m, _ = updater(st, mb, whole, lrs[j:j + 1], j == 0, split=j == 0)
       rows.append(m)
     jax.device_get(rows)
     return st
@@ -91,18 +81,19 @@ def make_case(c):
     jax.device_get((m, extras))
     return st
 
-  tokens = idx.size * (batch["prompt"].shape[1] + batch["completion"].shape[1])
-  flops = 6 * model_lib.param_count(params) * tokens
+  flops = systems.train_flops(c.model, idx.size, batch["prompt"].shape[1],
+                              batch["completion"].shape[1])
   return dict(host=host_loop, scanned=scanned, state=copy(state), flops=flops,
               updates=len(idx), rollouts=idx.shape[1], params=model_lib.param_count(params))
 
 
-def bench(case, repeats: int) -> dict:
+def bench(case, repeats: int, mm) -> dict:
   st = {k: case["state"] for k in ("host", "scanned")}
   for k in st:  # warm-up: compile
     st[k] = case[k](jax.tree.map(jnp.copy, case["state"]))
-  ts = {k: [] for k in st}
+  ts = {k: [] for k in list(st) + ["matmul"]}
   for _ in range(repeats):
+    ts["matmul"].append(mm.probe())
     for k in st:
       t = time.perf_counter()
       st[k] = case[k](st[k])
@@ -123,19 +114,19 @@ def main():
       c.batch.num_prompts = 8 if c.batch.num_minibatches == 1 else 16
       c.batch.rollouts_per_prompt = 4
       c.noise.chunk_prompts = 2
-  peak = matmul_flops(1024 if args.quick else 2048)
-  print(f"float32 matmul: {peak / 1e9:.1f} GFLOP/s")
+  mm = systems.MatmulProbe(1024 if args.quick else 2048)
   print(f"{'shape':<12}{'params':>9}{'updates':>8}{'rollouts/upd':>13}"
         f"{'host ms':>10}{'scanned ms':>12}{'speedup':>9}{'MFU':>7}")
   res = {}
   for name, c in cases.items():
     case = make_case(c)
-    t = bench(case, repeats)
+    t = bench(case, repeats, mm)
+    peak = mm.flops(t["matmul"])
     mfu = case["flops"] / t["scanned"] / peak
     res[name] = dict(speedup=t["host"] / t["scanned"], mfu=mfu)
     print(f"{name:<12}{case['params']:>9}{case['updates']:>8}{case['rollouts']:>13}"
           f"{t['host'] * 1e3:>10.1f}{t['scanned'] * 1e3:>12.1f}"
-          f"{t['host'] / t['scanned']:>9.2f}{mfu:>7.3f}")
+          f"{t['host'] / t['scanned']:>9.2f}{mfu:>7.3f}  (matmul {peak / 1e9:.1f} GFLOP/s)")
   print(f"RESULT update_speedup={res['offpolicy']['speedup']:.3f} "
         f"update_mfu_vs_matmul={res['quickstart']['mfu']:.3f}")
 
