@@ -14,6 +14,7 @@ import math
 import ml_collections
 
 from cbs_jax import batch as batch_lib
+from cbs_jax import gradstats
 from cbs_jax import model as model_lib
 from cbs_jax import rl
 from cbs_jax import sharding
@@ -154,6 +155,8 @@ def base_config() -> ConfigDict:
   c.noise.split_every = 1      # rounds between split-microbatch estimates (0 = off)
   c.noise.exact_every = 0      # rounds between exact per-rollout estimates (0 = off)
   c.noise.chunk_prompts = 4    # exact path: prompts per vmap chunk (divides the prompts of an update)
+  c.noise.exact_method = "vmap"  # exact path: "vmap" (per-rollout grads, chunked) or "ghost"
+                               # (one forward + backward, Gram sums; gradstats.group_moments)
   c.noise.ema_decay = 0.99     # tracker EMA decay (numerators, denominators separately); G2 needs
                                # ~25k pooled rollouts to resolve, so ~1/(1-decay) rounds of N must reach that
   c.noise.drift_every = 0      # off-policy: per-rollout trace_intra at every reuse step, every n rounds (0 = off)
@@ -173,6 +176,7 @@ _CHOICES = {
     "optim.lr_rule": batch_lib.LR_RULES,
     "batch.schedule": ("fixed", "adaptive"),
     "batch.adaptive_signal": batch_lib.SIGNALS,
+    "noise.exact_method": gradstats.EXACT_METHODS,
 }
 _POSITIVE = ("sft.steps", "sft.batch_size", "batch.num_prompts",
              "batch.rollouts_per_prompt", "batch.num_minibatches",

@@ -22,6 +22,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from cbs_jax import ghost
 from cbs_jax import noise
 from cbs_jax import objective
 
@@ -150,9 +151,20 @@ def per_rollout_grad_fn(graphdef, counts, rl_cfg, sampling_cfg):
   return jax.vmap(jax.grad(one_loss), in_axes=(None, 0))
 
 
+EXACT_METHODS = ("vmap", "ghost")
+
+
 def group_moments(params, graphdef, batch, P: int, K: int, rl_cfg, sampling_cfg,
-                  chunk_prompts: int, metric=None, prompt_groups=None, num_groups: int = 0):
+                  chunk_prompts: int, metric=None, prompt_groups=None, num_groups: int = 0,
+                  method: str = "vmap"):
   """Exact per-rollout moments, streamed over chunks of ``chunk_prompts``.
+
+  ``method``: "vmap" forms each chunk's per-rollout gradients with
+  ``jax.vmap(jax.grad)``; "ghost" gets the same moments from one forward +
+  backward of the whole batch (``ghost.group_moments``: Gram sums of the
+  model's tapped activations and output gradients, no per-rollout gradient
+  formed; ``chunk_prompts`` unused). Adam's ``metric`` and ``prompt_groups``
+  need the per-rollout gradients: vmap only.
 
   Returns a ``noise.GroupMoments`` whose arrays carry a leading per-leaf
   axis ([L, P] and [L]); sum over it for the whole model. With a
@@ -165,6 +177,13 @@ def group_moments(params, graphdef, batch, P: int, K: int, rl_cfg, sampling_cfg,
   gradients S_d = sum_{p in d} gbar_p, which ``noise.inter_by_group`` turns
   into each group's share of tr Sigma_inter (memory G x |theta| more).
   """
+  if method not in EXACT_METHODS:
+    raise ValueError(f"method={method!r} is not one of {list(EXACT_METHODS)}")
+  if method == "ghost":
+    if metric is not None or prompt_groups is not None:
+      raise ValueError("method='ghost' computes raw-gradient moments only: a metric or "
+                       "prompt_groups needs method='vmap'")
+    return ghost.group_moments(params, graphdef, batch, P, K, rl_cfg, sampling_cfg)
   if P % chunk_prompts:
     raise ValueError(f"chunk_prompts={chunk_prompts} does not divide P={P}")
   counts = objective.counts_of(batch)

@@ -284,8 +284,8 @@ class RoundUpdater:
   def _exact_moments(self, params, mb):
     c = self.c
     return gradstats.group_moments(precision.float32(params), self.graphdef, mb, self.P_mb,
-                                   self.K, c.rl,
-                                   c.sampling, c.noise.chunk_prompts)
+                                   self.K, c.rl, c.sampling, c.noise.chunk_prompts,
+                                   method=c.noise.exact_method)
 
   def _drift_estimates(self, moments):
     return noise.exact_estimates(gradstats.sum_leaves(moments))

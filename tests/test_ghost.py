@@ -176,3 +176,22 @@ def test_default_forward_has_no_taps():
                  params, batch)  # traces the tapped forward
   after = str(jax.make_jaxpr(lambda p: model_lib.apply(graphdef, p, *args).logits)(params))
   assert before == after
+
+
+def test_gradstats_dispatches_to_ghost():
+  """``gradstats.group_moments(method="ghost")`` (what the trainer calls under
+  ``noise.exact_method="ghost"``) equals the vmap path; the metric and
+  per-group forms refuse it by name."""
+  graphdef, params = tiny(seed=2)
+  rl_cfg, s_cfg = cfgs("token_mean")
+  batch = make_batch(graphdef, params, seed=4)
+  args = (params, graphdef, batch, P, K, rl_cfg, s_cfg, 1)
+  v = gradstats.group_moments(*args)
+  g = gradstats.group_moments(*args, method="ghost")
+  check(g, (np.asarray(v.sum_sqnorm_P), np.asarray(v.mean_sqnorm_P),
+            np.asarray(v.batch_mean_sqnorm)))
+  with pytest.raises(ValueError, match="method='vmap'"):
+    gradstats.group_moments(*args, prompt_groups=np.zeros(P, int), num_groups=1,
+                            method="ghost")
+  with pytest.raises(ValueError, match="nosuch"):
+    gradstats.group_moments(*args, method="nosuch")

@@ -252,3 +252,26 @@ def test_ppo_with_kl_penalty_runs_end_to_end(tmp_path):
   rows = metrics_lib.read_jsonl(os.path.join(tmp_path, "metrics.jsonl"))[1:]
   assert len(rows) == 4
   assert all(np.isfinite(row["loss"]) and row["skipped_updates"] == 0 for row in rows)
+
+
+def test_exact_noise_by_ghost_matches_vmap_in_the_trainer(easy_task, tmp_path):
+  """``noise.exact_method="ghost"`` (one forward + backward, Gram sums) logs
+  the same exact per-rollout noise rows and per-update drift traces as the
+  vmap path on the same run (same seed: same rollouts and updates)."""
+  rows = {}
+  for method in ("vmap", "ghost"):
+    c = tiny_config(batch__num_minibatches=2, batch__num_epochs=2, train__num_rounds=2,
+                    noise__exact_every=1, noise__drift_every=1, noise__chunk_prompts=2,
+                    noise__exact_method=method)
+    wd = os.path.join(tmp_path, method)
+    train.train_and_evaluate(c, wd)
+    rows[method] = metrics_lib.read_jsonl(os.path.join(wd, "metrics.jsonl"))[1:]
+  keys = [k for k in rows["vmap"][0] if k.startswith("noise_exact/")
+          or k.endswith("_by_update")]
+  assert any(k.startswith("noise_exact/trace_intra") for k in keys), keys
+  for a, b in zip(rows["vmap"], rows["ghost"]):
+    for k in keys:
+      if a[k] is None:  # an unresolved ratio (e.g. B_noise with |G|^2 <= 0)
+        assert b[k] is None, k
+        continue
+      np.testing.assert_allclose(b[k], a[k], rtol=2e-3, atol=1e-6, err_msg=k)
