@@ -24,6 +24,8 @@ FLAGS = {
     "noise_over_training": ["--workdir", "--prompts", "--rollouts", "--batches", "--out",
                             "--quick"],
     "sft_headroom": ["--root", "--out", "--quick"],
+    "adaptive_batch": ["--root", "--on_root", "--out", "--throughput", "--fits",
+                       "--signals", "--seeds", "--quick"],
 }
 # (script, extra flags, files it must write under <out>/<script>/)
 CHAIN = [
@@ -38,6 +40,10 @@ CHAIN = [
                            "manifest.json"]),
     ("throughput_decision", [], ["throughput_decision.md", "throughput.json",
                                  "throughput_decision.png", "manifest.json"]),
+    ("adaptive_batch", ["--signals=b_noise", "--throughput={out}/throughput_decision/"
+                        "throughput.json"], ["adaptive_batch.md", "adaptive_batch_runs.csv",
+                                             "adaptive_batch_n_b_noise.png",
+                                             "adaptive_batch_curves.png", "manifest.json"]),
     ("noise_anatomy", [], ["noise_anatomy.md", "noise_anatomy.csv", "noise_anatomy.png",
                            "manifest.json"]),
     ("drift_noise", [], ["drift_noise.md", "drift_noise_fits.json", "manifest.json"]),
@@ -64,6 +70,7 @@ def test_help_lists_flags(script, tmp_path):
 def test_every_study_quick_mode_writes_its_files(tmp_path):
   out = tmp_path / "out"
   for script, extra, files in CHAIN:
+    extra = [e.format(out=out) for e in extra]
     p = _run(script, "--quick", f"--out={out}", *extra, cwd=tmp_path, timeout=900)
     assert p.returncode == 0, (script, p.stdout[-2000:] + p.stderr[-4000:])
     for name in files:

@@ -1,0 +1,447 @@
+"""Adaptive batch size against fixed N: does the noise-driven controller earn
+its place?
+
+    python experiments/adaptive_batch.py \\
+        --throughput=experiments/results/throughput_decision/throughput.json   # (~1-2 h)
+    python experiments/adaptive_batch.py --quick                               # (minutes)
+
+Arms, every run from the same SFT base and ``--seeds`` (>= 3) as replicates:
+
+* adaptive:<signal> -- ``configs/adaptive_batch.py:<signal>`` for each of
+  ``--signals`` (b_noise, b_noise_adam, b_crit): GRPO starting at the config
+  default N = 256, the controller (``cbs_jax.batch.AdaptiveBatch``) moving N
+  over power-of-two buckets from the tracker's interval, lr by the sqrt rule
+  from the chosen N. The b_crit signal's ratio B_crit / B_noise comes from
+  the on-policy study's fit (``--fits``) when that fit is resolved, else
+  from the committed default in ``configs/adaptive_batch.py`` (said in the
+  output).
+* fixed small / best / large / default -- runs of the on-policy study
+  (``configs/batch_law.py:on``), read back from ``--on_root``, never rerun
+  here: small and large are the ends of its grid (or ``--small_n`` /
+  ``--large_n``), default is the config default N = 256, best is the N with
+  the least mean time-to-target at the main target in hindsight (wall clock
+  with ``--throughput``, else rollouts). The adaptive runs start from that
+  study's SFT base (``<on_root>/sft_base``).
+
+Per arm and target (held-out exact expected pass rate, ``batch_law.TARGETS``):
+rollouts-to-target and, with ``--throughput``, wall-clock-to-target, each the
+mean over seeds with a 90% t-interval; the ratio of each adaptive arm to the
+best fixed and to the default fixed arm with a 90% bootstrap interval
+(seeds resampled within each arm). Wall clock is modelled, not measured:
+each round costs N / rate(N) seconds with rate(N) the throughput
+benchmark's rollouts/s at that N (log-log interpolation between the
+measured N, the nearest end outside them), so a shared machine's load does
+not decide it. Without a throughput file the output says so and reports
+rollouts only.
+
+Evaluation grid: the on-policy runs evaluate about every 2,048 rollouts
+(every round above N = 2,048). An adaptive run's N changes, so it is
+evaluated at the first round whose rollouts reach each multiple of
+``configs/adaptive_batch.py``'s EVAL_GRID -- the same rule -- so that both
+are judged on the same grid (a finer grid finds a noisy first crossing
+earlier).
+
+Goal (issue 15): adaptive within 10% of the best fixed N's time-to-target and
+faster than the default fixed N. Each verdict is "met" / "not met" only when
+the ratio's interval lies on one side of the threshold, else "unresolved".
+
+Writes <out>/adaptive_batch/: the table (.md, .csv), ``_runs.csv`` (one line
+per run), ``_n_<signal>.png`` (N over training beside the signal and its
+interval, seed 0), ``_curves.png`` (learning curves per arm), manifest.json.
+"""
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import math
+import os
+import sys
+import tempfile
+import time
+
+import numpy as np
+from absl import logging
+
+from cbs_jax import batch as batch_lib
+from cbs_jax import metrics as metrics_lib
+from cbs_jax import plots
+from cbs_jax import report
+from cbs_jax import stats
+from cbs_jax import study
+from cbs_jax import sweep
+from cbs_jax import train
+from configs import adaptive_batch
+from configs import batch_law
+
+NAME = "adaptive_batch"
+NEAR = 1.10       # the goal: within 10% of the best fixed N
+LEVEL = 0.9
+
+
+def parse_args(argv=None):
+  ap = argparse.ArgumentParser(description=__doc__,
+                               formatter_class=argparse.RawDescriptionHelpFormatter)
+  ap.add_argument("--root", default="runs/adaptive_batch",
+                  help="sweep root of the adaptive runs (--quick: <out>/runs_adaptive_batch)")
+  ap.add_argument("--on_root", default="runs/batch_law_on",
+                  help="the on-policy study's sweep root: its finished runs are the fixed "
+                       "arms (--quick: <out>/runs_on unless given; its quick sweep is run "
+                       "there, resuming what exists)")
+  ap.add_argument("--out", default="experiments/results",
+                  help="results parent folder (--quick: a fresh temp folder)")
+  ap.add_argument("--throughput",
+                  default="experiments/results/throughput_decision/throughput.json",
+                  help='JSON of per-N rates, {"N": [...], "rollouts_per_s": [...]} (or a list '
+                       "of such records); absent: rollouts only")
+  ap.add_argument("--fits", default=adaptive_batch.B_CRIT_FITS,
+                  help="the on-policy study's fits (B_crit / B_noise for the b_crit signal)")
+  ap.add_argument("--signals", default=",".join(adaptive_batch.SIGNALS),
+                  help="controller signals to run, comma-separated")
+  ap.add_argument("--seeds", default=None,
+                  help="seeds (replicates), comma-separated (default 0,1,2; --quick: 0,1)")
+  ap.add_argument("--small_n", type=int, default=0, help="small fixed N (0: the grid's least)")
+  ap.add_argument("--large_n", type=int, default=0,
+                  help="large fixed N (0: the grid's largest)")
+  ap.add_argument("--workers", type=int, default=2,
+                  help="runs at once, each single-threaded on its own core")
+  ap.add_argument("--quick", action="store_true", help="tiny smoke version")
+  args = ap.parse_args(argv)
+  args.signals = [s for s in args.signals.split(",") if s]
+  bad = [s for s in args.signals if s not in adaptive_batch.SIGNALS]
+  if bad or not args.signals:
+    ap.error(f"--signals: unknown {bad}; known: {list(adaptive_batch.SIGNALS)}")
+  args.seeds = [int(s) for s in (args.seeds or ("0,1" if args.quick else "0,1,2")).split(",")
+                if s]
+  if len(set(args.seeds)) < 2:
+    ap.error("--seeds: need at least two seeds for an interval (three for the study)")
+  if args.quick:
+    if args.out == "experiments/results":
+      args.out = tempfile.mkdtemp(prefix="cbs_quick_")
+    args.root = os.path.join(args.out, f"runs_{NAME}")
+    if args.on_root == "runs/batch_law_on":
+      args.on_root = os.path.join(args.out, "runs_on")
+  return args
+
+
+# ------------------------------------------------------------------ throughput
+
+def load_throughput(path: str | None):
+  """``{N: rollouts/s}`` from the benchmark's JSON, or None when absent."""
+  if not path or not os.path.exists(path):
+    return None
+  with open(path) as f:
+    doc = json.load(f)
+  if isinstance(doc, dict) and "rows" in doc:
+    doc = doc["rows"]
+  if isinstance(doc, dict):
+    pairs = zip(doc["N"], doc["rollouts_per_s"])
+  else:
+    pairs = ((r["N"], r["rollouts_per_s"]) for r in doc)
+  rates = {int(n): float(r) for n, r in pairs}
+  bad = {n: r for n, r in rates.items() if not (n > 0 and r > 0 and math.isfinite(r))}
+  if bad or not rates:
+    raise ValueError(f"{path}: rates must be positive and finite, got {bad or rates}")
+  return rates
+
+
+class Rate:
+  """rollouts/s at any N: log-log interpolation between the measured N, the
+  nearest measured rate outside them (those N are listed in ``outside``)."""
+
+  def __init__(self, rates: dict):
+    self.n = np.array(sorted(rates), np.float64)
+    self.r = np.array([rates[int(n)] for n in self.n], np.float64)
+    self.outside = set()
+
+  def __call__(self, N: float) -> float:
+    if N < self.n[0] or N > self.n[-1]:
+      self.outside.add(int(N))
+    return float(np.exp(np.interp(np.log(N), np.log(self.n), np.log(self.r))))
+
+
+# ------------------------------------------------------------------ runs
+
+def run_on_grid(config, workdir, grid: int):
+  """``train.train_and_evaluate`` evaluating only at round 0 and at the first
+  round whose rollouts reach each multiple of ``grid`` (the config evaluates
+  every round; the other evaluations are skipped, so they cost nothing and a
+  stop at the target happens on the grid). Module level: sweep workers
+  pickle it."""
+  evaluate = train.evaluate
+
+  def on_grid(run, params):
+    seen = int(run.meta["rollouts_seen"])
+    k = seen // grid
+    if seen and k <= run.meta.get("eval_grid_k", 0):
+      return {}
+    run.meta["eval_grid_k"] = k
+    return evaluate(run, params)
+
+  train.evaluate = on_grid
+  try:
+    return train.train_and_evaluate(config, workdir)
+  finally:
+    train.evaluate = evaluate
+
+
+def run_record(row: dict, arm: str, targets, rate: Rate | None) -> dict:
+  """One run: its evaluations against rounds, rollouts and modelled seconds,
+  to-target at each target, and the per-round N and adaptive signal."""
+  rows = metrics_lib.read_jsonl(os.path.join(row["workdir"], "metrics.jsonl"))
+  curve = dict(rounds=[], rollouts=[], seconds=[], value=[])
+  traj = dict(rounds=[], N=[], signal=[], lo=[], hi=[])
+  sec = 0.0
+  for r in rows:
+    if "batch_size" in r:
+      if rate is not None:
+        sec += r["batch_size"] / rate(r["batch_size"])
+      traj["rounds"].append(r["round"])
+      traj["N"].append(r["batch_size"])
+      for k, f in (("signal", "adaptive/signal"), ("lo", "adaptive/signal_lo"),
+                   ("hi", "adaptive/signal_hi")):
+        v = r.get(f)
+        traj[k].append(math.nan if v is None else (math.inf if v == "inf" else float(v)))
+    v = study.score_of(r)
+    if v is None:
+      continue
+    curve["rounds"].append(r["round"])
+    curve["rollouts"].append(r.get("rollouts_seen", 0) or 0)
+    curve["seconds"].append(sec)
+    curve["value"].append(v)
+  curve = {k: np.asarray(v, np.float64) for k, v in curve.items()}
+  xs = ("rounds", "rollouts") + (("seconds",) if rate is not None else ())
+  to = {float(t): {x: batch_lib.steps_to_target(curve[x], curve["value"], t) for x in xs}
+        for t in targets}
+  o = row["overrides"]
+  return dict(arm=arm, name=row["name"], seed=o.get("seed", 0), curve=curve, traj=traj,
+              to_target=to, N_visited=sorted(set(traj["N"])), summary=row.get("summary", {}))
+
+
+def ratio_interval(num, den, level=LEVEL, n_boot=4000, seed=0):
+  """Ratio of the mean of ``num`` to the mean of ``den`` (per-seed values),
+  with a percentile bootstrap interval resampling seeds within each arm;
+  None when a seed of either arm did not reach the target."""
+  if not num or not den or any(v is None for v in num + den):
+    return None, None, None
+  a, b = np.asarray(num, np.float64), np.asarray(den, np.float64)
+  if not b.min() > 0:  # the reference was at the target before its first update
+    return None, None, None
+  rng = np.random.default_rng(seed)
+  ra = rng.choice(a, size=(n_boot, a.size)).mean(1)
+  rb = rng.choice(b, size=(n_boot, b.size)).mean(1)
+  lo, hi = stats.percentile_ci(ra / rb, level)
+  return float(a.mean() / b.mean()), lo, hi
+
+
+def verdict(ratio, lo, hi, threshold, better: str) -> str:
+  if ratio is None:
+    return "unresolved (a seed did not reach the target)"
+  if hi <= threshold:
+    return f"met ({better})"
+  if lo > threshold:
+    return "not met"
+  return f"unresolved (interval straddles {threshold:g})"
+
+
+# ------------------------------------------------------------------ main
+
+def b_crit_ratio(args, main_t):
+  """The b_crit signal's ratio and a sentence saying where it came from."""
+  default = adaptive_batch.B_CRIT_RATIO
+  if args.quick or not os.path.exists(args.fits):
+    why = "quick mode" if args.quick else f"{args.fits} not found"
+    return default, (f"B_crit / B_noise = {default:.3f}, the committed default in "
+                     f"configs/adaptive_batch.py ({why})"), None
+  with open(args.fits) as f:
+    doc = json.load(f)
+  try:
+    cal = batch_lib.calibration_from_fits(doc, main_t)
+  except ValueError as e:
+    return default, (f"B_crit / B_noise = {default:.3f}, the committed default "
+                     f"(configs/adaptive_batch.py): {args.fits}: {e}"), None
+  if not cal["resolved"]:
+    return default, (f"B_crit / B_noise = {default:.3f}, the committed default "
+                     f"(configs/adaptive_batch.py): the fit in {args.fits} at {main_t} is "
+                     f"unresolved (its ratio {cal['ratio']:.3f} [{cal['lo']:.3g}, "
+                     f"{cal['hi']:.3g}] not used)"), cal
+  return cal["ratio"], (f"B_crit / B_noise = {cal['ratio']:.3f} [{cal['lo']:.3g}, "
+                        f"{cal['hi']:.3g}] from {args.fits} (B_crit {cal['b_crit']:.4g} at "
+                        f"{main_t}, B_noise {cal['b_noise']:.4g} ± {cal['b_noise_se']:.2g}); "
+                        "the controller uses the point ratio"), cal
+
+
+def fixed_rows(args, tgt):
+  """The on-policy study's finished runs (quick: run its quick sweep)."""
+  if args.quick:
+    c = batch_law.get_config("quick")
+    over = [dict(o, seed=s) for o in batch_law.sweep("quick") if o["seed"] == 0
+            for s in args.seeds]
+    return c, study.run_study(c, over, args.on_root, workers=args.workers)
+  c = batch_law.get_config("on")
+  over = [o for o in batch_law.sweep("on") if o["seed"] in args.seeds]
+  return c, study.read_finished(over, args.on_root)
+
+
+def main(argv=None):
+  args = parse_args(argv)
+  logging.set_verbosity(logging.WARNING)
+  t0 = time.time()
+  tgt = batch_law.targets("quick" if args.quick else "on")
+  main_t = float(tgt[len(tgt) // 2])
+  rates = load_throughput(args.throughput)
+  rate = Rate(rates) if rates else None
+
+  # fixed arms first: a full run stops here, before running anything, if the
+  # on-policy study has not finished
+  c_on, on_rows = fixed_rows(args, tgt)
+  K = c_on.batch.rollouts_per_prompt
+  fixed = [run_record(r, "", tgt, rate) for r in on_rows]
+  for r in fixed:
+    r["N"] = r["N_visited"][0]
+  grid_ns = sorted({r["N"] for r in fixed})
+  x_main = "seconds" if rate is not None else "rollouts"
+
+  def mean_to(recs, t, x):
+    vals = [r["to_target"][t][x] for r in recs]
+    return None if any(v is None for v in vals) else float(np.mean(vals))
+
+  by_n = {N: [r for r in fixed if r["N"] == N] for N in grid_ns}
+  reached = {N: mean_to(rs, main_t, x_main) for N, rs in by_n.items()}
+  reached = {N: v for N, v in reached.items() if v is not None}
+  if not reached:
+    best_n, best_note = None, f"no fixed N reached {main_t} with every seed"
+  else:
+    best_n = min(reached, key=reached.get)
+    best_note = (f"best fixed N in hindsight = {best_n} (least mean "
+                 f"{'wall clock' if rate else 'rollouts'} to {main_t} over the grid "
+                 f"{grid_ns})")
+  default_n = c_on.batch.num_prompts * K
+  choose = {"small": args.small_n or grid_ns[0], "default": default_n, "best": best_n,
+            "large": args.large_n or grid_ns[-1]}
+  missing = {k: n for k, n in choose.items() if n is not None and n not in by_n}
+  if missing:
+    raise SystemExit(f"fixed arms {missing} are not N of the on-policy grid {grid_ns}")
+  arms = {}
+  for label, N in choose.items():
+    if N is not None:
+      arms[f"fixed {label} (N={N})"] = [dict(r, arm=f"fixed {label}") for r in by_n[N]]
+
+  # adaptive arms
+  ratio, ratio_note, cal = b_crit_ratio(args, main_t)
+  arg = "quick" if args.quick else adaptive_batch.SIGNALS[0]
+  c = adaptive_batch.get_config(arg)
+  with c.unlocked():
+    c.sft.base_dir = os.path.abspath(os.path.join(args.on_root, "sft_base"))
+    c.batch.adaptive_b_crit_ratio = float(ratio)
+  over = [{"batch.adaptive_signal": s, "seed": sd} for s in args.signals for sd in args.seeds]
+  grid = adaptive_batch.eval_grid(arg)
+  study.prepare_base(c, args.root)
+  ad_rows = sweep.run_sweep(c, over, args.root, workers=args.workers,
+                            run_fn=functools.partial(run_on_grid, grid=grid))
+  for s in args.signals:
+    rows = [r for r in ad_rows if r["overrides"]["batch.adaptive_signal"] == s]
+    arms[f"adaptive {s}"] = [run_record(r, f"adaptive {s}", tgt, rate) for r in rows]
+
+  # ------------------------------------------------------------ the table
+  xs = [("rollouts", "rollouts")] + ([("seconds", "wall s")] if rate else [])
+  table, per_run = [], []
+  ref_best = arms.get(f"fixed best (N={best_n})")
+  ref_default = arms[f"fixed default (N={default_n})"]
+  verdicts = []
+  for name, recs in arms.items():
+    ns = sorted({n for r in recs for n in r["N_visited"]})
+    d = dict(arm=name, seeds=len(recs), N=", ".join(str(n) for n in ns))
+    for t in tgt:
+      t = float(t)
+      d[f"reached@{t}"] = f"{sum(r['to_target'][t]['rounds'] is not None for r in recs)}" \
+                          f"/{len(recs)}"
+      for x, lab in xs:
+        iv = study.seed_interval([r["to_target"][t][x] for r in recs], LEVEL)
+        d[f"{lab}@{t}"] = stats.fmt(iv["mean"], iv["lo"], iv["hi"])
+    vals = lambda rs: [r["to_target"][main_t][x_main] for r in rs]
+    for ref_name, ref, thr, better in (("best", ref_best, NEAR, "within 10% of the best"),
+                                       ("default", ref_default, 1.0, "faster than default")):
+      if ref is None:
+        d[f"vs {ref_name}"] = "–"
+        continue
+      rr, lo, hi = ratio_interval(vals(recs), vals(ref))
+      d[f"vs {ref_name}"] = stats.fmt(rr, lo, hi) if rr is not None else "–"
+      if name.startswith("adaptive"):
+        verdicts.append(f"- {name} vs fixed {ref_name}: {x_main}-to-{main_t} ratio "
+                        f"{d[f'vs {ref_name}']} -> {verdict(rr, lo, hi, thr, better)}")
+    table.append(d)
+    for r in recs:
+      pr = dict(arm=name, name=r["name"], seed=r["seed"],
+                N_visited=" ".join(str(n) for n in r["N_visited"]),
+                rounds=r["summary"].get("rounds"), stopped_at_target=r["summary"].get(
+                    "stopped_at_target"))
+      for t in tgt:
+        for x in ("rounds", "rollouts") + (("seconds",) if rate else ()):
+          pr[f"{x}@{float(t)}"] = r["to_target"][float(t)][x]
+      per_run.append(pr)
+  cols = ["arm", "N", "seeds"] + [f"{k}@{float(t)}" for t in tgt for k in
+                                  [lab for _, lab in xs] + ["reached"]] + ["vs best", "vs default"]
+  notes = [f"Target metric: held-out exact expected pass rate; main target {main_t}. "
+           f"Ratios: mean {x_main}-to-{main_t} of the arm over the fixed arm's, 90% bootstrap "
+           "interval (seeds resampled within each arm); other cells: mean [90% t-interval] "
+           "over seeds.", "",
+           "Verdicts (issue 15's goal: within 10% of the best fixed N, faster than the "
+           "default):", *verdicts, "",
+           f"- {best_note}.",
+           f"- b_crit signal: {ratio_note}.",
+           "- Wall clock: " + (
+               f"modelled from {args.throughput} (N / rate(N) per round; the compile of "
+               "each new shape an adaptive run visits is not counted)"
+               + (f"; N outside its measured range {sorted(rate.outside)} use the nearest end"
+                  if rate.outside else "")
+               if rate else f"no throughput file ({args.throughput} not found): rollouts "
+               "only"),
+           f"- Evaluations every {grid} rollouts (adaptive: first round past each multiple; "
+           "fixed: the on-policy study's eval_every(N)).",
+           f"- Command: `{' '.join(['python'] + sys.argv)}`."]
+  out = report.Results(NAME, root=args.out)
+  out.table(table, cols, title=f"Adaptive vs fixed batch size (GRPO, arithmetic, K = {K})",
+            notes="\n".join(notes))
+  if per_run:
+    import csv  # pylint: disable=import-outside-toplevel
+    with open(out.path("_runs.csv"), "w", newline="") as f:
+      w = csv.DictWriter(f, fieldnames=list(dict.fromkeys(k for r in per_run for k in r)))
+      w.writeheader()
+      w.writerows(per_run)
+
+  # ------------------------------------------------------------ figures
+  for s in args.signals:
+    recs = sorted(arms[f"adaptive {s}"], key=lambda r: r["seed"])
+    tr = recs[0]["traj"]
+    # an unresolved signal has the interval [0, inf): drawn as a gap
+    ok = [math.isfinite(h) and lo > 0 for lo, h in zip(tr["lo"], tr["hi"])]
+    lo = [v if k else math.nan for v, k in zip(tr["lo"], ok)]
+    hi = [v if k else math.nan for v, k in zip(tr["hi"], ok)]
+    plots.save(plots.adaptive_batch(
+        tr["rounds"], tr["N"], tr["signal"], lo, hi,
+        title=f"adaptive N, signal {s} (seed {recs[0]['seed']}; band: its interval where "
+              "resolved)",
+        signal_label=f"{s} (rollouts)"), out.path(f"_n_{s}.png"))
+  curves = []
+  for name, recs in arms.items():
+    byr = study.mean_curve([r["curve"] for r in recs], "rollouts")
+    if not len(byr["x"]):
+      continue
+    sx = "seconds" if rate else "rounds"
+    step = [np.interp(byr["x"], r["curve"]["rollouts"], r["curve"][sx]) for r in recs]
+    curves.append(dict(label=name, rollouts=byr["x"], steps=np.mean(step, 0),
+                       value=byr["mean"], lo=byr["lo"], hi=byr["hi"]))
+  if curves:
+    plots.save(plots.learning_curves(
+        curves, target=list(tgt), title="adaptive vs fixed (mean and range over seeds)",
+        step_label="modelled wall clock (s)" if rate else "generation rounds", logx=True),
+        out.path("_curves.png"))
+  out.manifest(config=c, wall_seconds=time.time() - t0, targets=list(tgt),
+               signals=args.signals, seeds=args.seeds, fixed_arms=choose,
+               throughput=args.throughput if rate else None, b_crit_ratio=ratio,
+               calibration=cal and {k: v for k, v in cal.items()}, eval_grid=grid)
+
+
+if __name__ == "__main__":
+  main()
