@@ -24,11 +24,14 @@ FLAGS = {
     "noise_over_training": ["--workdir", "--prompts", "--rollouts", "--batches", "--out",
                             "--quick"],
     "sft_headroom": ["--root", "--out", "--quick"],
+    "bench_parallel": ["--ns", "--rounds", "--repeats", "--workers", "--quick"],
     "adaptive_batch": ["--root", "--on_root", "--out", "--throughput", "--fits",
                        "--signals", "--seeds", "--quick"],
 }
 # (script, extra flags, files it must write under <out>/<script>/)
-CHAIN = [
+CHAINS = {
+    # the on-policy sweep first; the others read its runs back
+    "batch_law": [
     ("batch_law_on_policy", [], ["batch_law_on_policy.md", "batch_law_on_policy.csv",
                                  "batch_law_on_policy_runs.csv", "batch_law_on_policy.png",
                                  "batch_law_on_policy_curves.png", "manifest.json"]),
@@ -44,13 +47,17 @@ CHAIN = [
                         "throughput.json"], ["adaptive_batch.md", "adaptive_batch_runs.csv",
                                              "adaptive_batch_n_b_noise.png",
                                              "adaptive_batch_curves.png", "manifest.json"]),
+    ],
+    # independent of the batch-size sweeps: a second test, so xdist runs the two at once
+    "noise": [
     ("noise_anatomy", [], ["noise_anatomy.md", "noise_anatomy.csv", "noise_anatomy.png",
                            "manifest.json"]),
     ("drift_noise", [], ["drift_noise.md", "drift_noise_fits.json", "manifest.json"]),
     ("clipping_ablation", ["--variants=clip0.2,clip10"], ["clipping_ablation.md",
                                                           "clipping_ablation.png",
                                                           "manifest.json"]),
-]
+    ],
+}
 
 
 def _run(script, *args, cwd, timeout):
@@ -67,9 +74,10 @@ def test_help_lists_flags(script, tmp_path):
   assert not list(tmp_path.iterdir())  # --help writes nothing
 
 
-def test_every_study_quick_mode_writes_its_files(tmp_path):
+@pytest.mark.parametrize("chain", sorted(CHAINS))
+def test_every_study_quick_mode_writes_its_files(chain, tmp_path):
   out = tmp_path / "out"
-  for script, extra, files in CHAIN:
+  for script, extra, files in CHAINS[chain]:
     extra = [e.format(out=out) for e in extra]
     p = _run(script, "--quick", f"--out={out}", *extra, cwd=tmp_path, timeout=900)
     assert p.returncode == 0, (script, p.stdout[-2000:] + p.stderr[-4000:])
