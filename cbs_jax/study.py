@@ -16,6 +16,8 @@ cannot enumerate its answers) every few rounds. This module reads their
   replicates; with 3 seeds the interval is wide, as it should be).
 * ``mean_curve``: the mean curve over seeds on a common x grid, with the
   range across seeds.
+* ``parser`` / ``parse``: the study scripts' shared command line (--root,
+  --on_root, --out, --workers, --quick) and where --quick puts things.
 
 Evaluations happen every ``eval_every`` rounds, so S is resolved to a
 fraction of that; studies pick eval_every so that every run has tens of
@@ -23,8 +25,10 @@ evaluations before its target (see ``configs/batch_law.py``).
 """
 from __future__ import annotations
 
+import argparse
 import math
 import os
+import tempfile
 from typing import Sequence
 
 import numpy as np
@@ -33,6 +37,51 @@ from cbs_jax import batch as batch_lib
 from cbs_jax import metrics as metrics_lib
 
 SCORE_KEYS = ("eval_expected_pass", "eval_pass_rate")
+ON_ROOT = "runs/batch_law_on"         # the on-policy study's sweep root, read by the others
+RESULTS = "experiments/results"       # results parent folder
+
+
+def parser(doc: str, name: str, root_help: str, on_root_help: str | None = None,
+           workers: bool = True, root: str | None = None,
+           quick_root: str | None = None) -> argparse.ArgumentParser:
+  """The shared command line of a study script ``name``: --root (default
+  ``runs/<name>``), --on_root when the study reads the on-policy sweep back
+  (``on_root_help``), --out, --workers (runs at once, each single-threaded
+  on its own core) and --quick; add the study's own flags, then ``parse``."""
+  ap = argparse.ArgumentParser(description=doc,
+                               formatter_class=argparse.RawDescriptionHelpFormatter)
+  quick_root = quick_root or f"runs_{name}"
+  ap.add_argument("--root", default=root or f"runs/{name}",
+                  help=f"{root_help} (--quick: <out>/{quick_root} unless given)")
+  if on_root_help:
+    ap.add_argument("--on_root", default=ON_ROOT,
+                    help=f"{on_root_help} (--quick: <out>/runs_on unless given; its quick "
+                         "sweep is made there if missing)")
+  ap.add_argument("--out", default=RESULTS,
+                  help="results parent folder (--quick: a fresh temp folder)")
+  if workers:
+    ap.add_argument("--workers", type=int, default=2,
+                    help="runs at once, each single-threaded on its own core")
+  ap.add_argument("--quick", action="store_true", help="tiny smoke version (minutes)")
+  ap.set_defaults(_quick_root=quick_root)
+  return ap
+
+
+def parse(ap: argparse.ArgumentParser, argv=None) -> argparse.Namespace:
+  """Parse a ``parser``'s flags; with --quick, what was not given goes under
+  --out (itself a fresh temp folder unless given): the sweep root to
+  ``<out>/<quick root>``, the on-policy root to ``<out>/runs_on``."""
+  args = ap.parse_args(argv)
+  if args.quick:
+    if args.out == RESULTS:
+      args.out = tempfile.mkdtemp(prefix="cbs_quick_")
+    if args.root == ap.get_default("root"):
+      args.root = os.path.join(args.out, args._quick_root)
+    if getattr(args, "on_root", None) == ON_ROOT:
+      args.on_root = os.path.join(args.out, "runs_on")
+  if getattr(args, "workers", 1) < 1:
+    ap.error(f"--workers={args.workers} must be >= 1")
+  return args
 
 
 def score_of(row: dict) -> float | None:

@@ -51,13 +51,11 @@ interval, seed 0), ``_curves.png`` (learning curves per arm), manifest.json.
 """
 from __future__ import annotations
 
-import argparse
 import functools
 import json
 import math
 import os
 import sys
-import tempfile
 import time
 
 import numpy as np
@@ -80,16 +78,9 @@ LEVEL = 0.9
 
 
 def parse_args(argv=None):
-  ap = argparse.ArgumentParser(description=__doc__,
-                               formatter_class=argparse.RawDescriptionHelpFormatter)
-  ap.add_argument("--root", default="runs/adaptive_batch",
-                  help="sweep root of the adaptive runs (--quick: <out>/runs_adaptive_batch)")
-  ap.add_argument("--on_root", default="runs/batch_law_on",
-                  help="the on-policy study's sweep root: its finished runs are the fixed "
-                       "arms (--quick: <out>/runs_on unless given; its quick sweep is run "
-                       "there, resuming what exists)")
-  ap.add_argument("--out", default="experiments/results",
-                  help="results parent folder (--quick: a fresh temp folder)")
+  ap = study.parser(__doc__, NAME, "sweep root of the adaptive runs",
+                    on_root_help="the on-policy study's sweep root: its finished runs are "
+                                 "the fixed arms")
   ap.add_argument("--throughput",
                   default="experiments/results/throughput_decision/throughput.json",
                   help='JSON of per-N rates, {"N": [...], "rollouts_per_s": [...]} (or a list '
@@ -103,10 +94,7 @@ def parse_args(argv=None):
   ap.add_argument("--small_n", type=int, default=0, help="small fixed N (0: the grid's least)")
   ap.add_argument("--large_n", type=int, default=0,
                   help="large fixed N (0: the grid's largest)")
-  ap.add_argument("--workers", type=int, default=2,
-                  help="runs at once, each single-threaded on its own core")
-  ap.add_argument("--quick", action="store_true", help="tiny smoke version")
-  args = ap.parse_args(argv)
+  args = study.parse(ap, argv)
   args.signals = [s for s in args.signals.split(",") if s]
   bad = [s for s in args.signals if s not in adaptive_batch.SIGNALS]
   if bad or not args.signals:
@@ -115,12 +103,6 @@ def parse_args(argv=None):
                 if s]
   if len(set(args.seeds)) < 2:
     ap.error("--seeds: need at least two seeds for an interval (three for the study)")
-  if args.quick:
-    if args.out == "experiments/results":
-      args.out = tempfile.mkdtemp(prefix="cbs_quick_")
-    args.root = os.path.join(args.out, f"runs_{NAME}")
-    if args.on_root == "runs/batch_law_on":
-      args.on_root = os.path.join(args.out, "runs_on")
   return args
 
 

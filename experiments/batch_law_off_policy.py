@@ -25,10 +25,8 @@ JSON and manifest.json.
 """
 from __future__ import annotations
 
-import argparse
 import os
 import sys
-import tempfile
 import time
 
 from absl import logging
@@ -43,26 +41,10 @@ NAME = "batch_law_off_policy"
 
 
 def parse_args(argv=None):
-  ap = argparse.ArgumentParser(description=__doc__,
-                               formatter_class=argparse.RawDescriptionHelpFormatter)
-  ap.add_argument("--root", default="runs/batch_law_off",
-                  help="sweep root of the off-policy runs (--quick: <out>/runs)")
-  ap.add_argument("--on_root", default="runs/batch_law_on",
-                  help="sweep root of the on-policy study (--quick: <out>/runs_on)")
-  ap.add_argument("--out", default="experiments/results",
-                  help="results parent folder (--quick: a fresh temp folder)")
-  ap.add_argument("--workers", type=int, default=2,
-                  help="runs at once, each single-threaded on its own core")
+  ap = study.parser(__doc__, NAME, "sweep root of the off-policy runs",
+                    on_root_help="sweep root of the on-policy study", root="runs/batch_law_off")
   ap.add_argument("--reuse", default="4,8", help="updates per round (m) to run")
-  ap.add_argument("--quick", action="store_true", help="tiny smoke version")
-  args = ap.parse_args(argv)
-  if args.quick:
-    if args.out == "experiments/results":
-      args.out = tempfile.mkdtemp(prefix="cbs_quick_")
-    args.root = os.path.join(args.out, f"runs_{NAME}")
-    if args.on_root == "runs/batch_law_on":
-      args.on_root = os.path.join(args.out, "runs_on")
-  return args
+  return study.parse(ap, argv)
 
 
 def quick_overrides(m):

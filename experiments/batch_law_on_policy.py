@@ -29,10 +29,8 @@ S-E Pareto and S(N) figures, learning curves by rollouts and by rounds,
 """
 from __future__ import annotations
 
-import argparse
 import os
 import sys
-import tempfile
 import time
 
 import numpy as np
@@ -51,24 +49,13 @@ NEAR = 1.15
 
 
 def parse_args(argv=None):
-  ap = argparse.ArgumentParser(description=__doc__,
-                               formatter_class=argparse.RawDescriptionHelpFormatter)
-  ap.add_argument("--root", default="runs/batch_law_on",
-                  help="sweep root (one workdir per run; --quick: <out>/runs_on unless given)")
-  ap.add_argument("--out", default="experiments/results",
-                  help="results parent folder (--quick: a fresh temp folder)")
-  ap.add_argument("--workers", type=int, default=2,
-                  help="runs at once, each single-threaded on its own core")
+  ap = study.parser(__doc__, NAME, "sweep root (one workdir per run)", root=study.ON_ROOT,
+                    quick_root="runs_on")
   ap.add_argument("--noise_batches", type=int, default=16,
                   help="batches pooled per B_noise measurement (0 = skip)")
   ap.add_argument("--tune", action="store_true", help="run the lr0 scan at N = 256 first")
-  ap.add_argument("--quick", action="store_true", help="tiny smoke version")
-  args = ap.parse_args(argv)
+  args = study.parse(ap, argv)
   if args.quick:
-    if args.out == "experiments/results":
-      args.out = tempfile.mkdtemp(prefix="cbs_quick_")
-    if args.root == "runs/batch_law_on":
-      args.root = os.path.join(args.out, "runs_on")
     args.noise_batches = min(args.noise_batches, 2)
   return args
 

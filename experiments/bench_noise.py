@@ -335,8 +335,8 @@ def main():
     print(f"{name:<28} {med[name] * 1e3:>9.1f} {med[name] / base:>8.2f} "
           f"{min(times[name]) * 1e3:>9.1f} {min(times[name]) / bmin:>8.2f} "
           f"{mb('temp'):>9} {mb('arg'):>7} {mb('out'):>7}")
-  print(f"ms = median, x plain = median / plain's median; min ms / x (min): the "
-        f"fastest call (least disturbed by other processes), ratio of minima")
+  print("ms = median, x plain = median / plain's median; min ms / x (min): the "
+        "fastest call (least disturbed by other processes), ratio of minima")
   print(f"(median of {args.repeats} calls; loop median of {args.loop_repeats} passes "
         f"of {N} + {P} dispatches = {med['loop'] / (N + P) * 1e3:.2f} ms per dispatch; "
         f"plain / N = {base / N * 1e3:.2f} ms per rollout)")

@@ -19,11 +19,9 @@ figure of kappa by update and of the learning curves, manifest.json.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
-import tempfile
 import time
 
 import numpy as np
@@ -40,25 +38,13 @@ NAME = "clipping_ablation"
 
 
 def parse_args(argv=None):
-  ap = argparse.ArgumentParser(description=__doc__,
-                               formatter_class=argparse.RawDescriptionHelpFormatter)
-  ap.add_argument("--root", default="runs/clipping_ablation",
-                  help="sweep root, one run per variant and seed (--quick: <out>/runs)")
-  ap.add_argument("--out", default="experiments/results",
-                  help="results parent folder (--quick: a fresh temp folder)")
+  ap = study.parser(__doc__, NAME, "sweep root, one run per variant and seed")
   ap.add_argument("--variants", default=",".join(drift_noise.CLIP_VARIANTS),
                   help="clipping schemes of configs/drift_noise.py")
-  ap.add_argument("--workers", type=int, default=2,
-                  help="runs at once, each single-threaded on its own core")
-  ap.add_argument("--quick", action="store_true", help="tiny smoke version")
-  args = ap.parse_args(argv)
+  args = study.parse(ap, argv)
   for v in args.variants.split(","):
     if v not in drift_noise.CLIP_VARIANTS:
       ap.error(f"unknown variants {v!r}; known: {drift_noise.CLIP_VARIANTS}")
-  if args.quick:
-    if args.out == "experiments/results":
-      args.out = tempfile.mkdtemp(prefix="cbs_quick_")
-    args.root = os.path.join(args.out, f"runs_{NAME}")
   return args
 
 

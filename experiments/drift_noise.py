@@ -26,11 +26,9 @@ the fits, figures of each quantity against kappa, manifest.json.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
-import tempfile
 import time
 
 import numpy as np
@@ -50,24 +48,13 @@ QUANTITIES = ("inflation", "trace_intra", "trace_inter", "g2", "b_noise")
 
 
 def parse_args(argv=None):
-  ap = argparse.ArgumentParser(description=__doc__,
-                               formatter_class=argparse.RawDescriptionHelpFormatter)
-  ap.add_argument("--root", default="runs/drift_noise",
-                  help="sweep root, one run <root>/<variant> each (--quick: <out>/runs)")
-  ap.add_argument("--out", default="experiments/results",
-                  help="results parent folder (--quick: a fresh temp folder)")
+  ap = study.parser(__doc__, NAME, "sweep root, one run <root>/<variant> each")
   ap.add_argument("--reuse", default="2,4,8,16", help="updates per round m")
   ap.add_argument("--arms", default="pg,clip", help="pg (unclipped) and/or clip (0.2)")
   ap.add_argument("--skip_rounds", type=int, default=5,
                   help="first rounds left out of the pooling (Adam warming up)")
-  ap.add_argument("--workers", type=int, default=2,
-                  help="runs at once, each single-threaded on its own core")
-  ap.add_argument("--quick", action="store_true", help="tiny smoke version")
-  args = ap.parse_args(argv)
+  args = study.parse(ap, argv)
   if args.quick:
-    if args.out == "experiments/results":
-      args.out = tempfile.mkdtemp(prefix="cbs_quick_")
-    args.root = os.path.join(args.out, f"runs_{NAME}")
     args.skip_rounds = 0
   return args
 

@@ -24,10 +24,8 @@ learning curves per rule, E(N) per rule, manifest.json.
 """
 from __future__ import annotations
 
-import argparse
 import os
 import sys
-import tempfile
 import time
 
 import numpy as np
@@ -46,26 +44,9 @@ HOLDS = 1.25
 
 
 def parse_args(argv=None):
-  ap = argparse.ArgumentParser(description=__doc__,
-                               formatter_class=argparse.RawDescriptionHelpFormatter)
-  ap.add_argument("--root", default="runs/lr_scaling",
-                  help="sweep root of the constant/linear runs (--quick: <out>/runs)")
-  ap.add_argument("--on_root", default="runs/batch_law_on",
-                  help="the on-policy study's sweep root, the sqrt runs (--quick: <out>/"
-                       "runs_on unless given; made there if missing)")
-  ap.add_argument("--out", default="experiments/results",
-                  help="results parent folder (--quick: a fresh temp folder)")
-  ap.add_argument("--workers", type=int, default=2,
-                  help="runs at once, each single-threaded on its own core")
-  ap.add_argument("--quick", action="store_true", help="tiny smoke version")
-  args = ap.parse_args(argv)
-  if args.quick:
-    if args.out == "experiments/results":
-      args.out = tempfile.mkdtemp(prefix="cbs_quick_")
-    args.root = os.path.join(args.out, f"runs_{NAME}")
-    if args.on_root == "runs/batch_law_on":
-      args.on_root = os.path.join(args.out, "runs_on")
-  return args
+  ap = study.parser(__doc__, NAME, "sweep root of the constant/linear runs",
+                    on_root_help="the on-policy study's sweep root, the sqrt runs")
+  return study.parse(ap, argv)
 
 
 def curve_distance(curves, ref) -> float | None:

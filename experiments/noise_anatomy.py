@@ -24,13 +24,10 @@ intra/inter decomposition figure, the per-difficulty table, manifest.json.
 """
 from __future__ import annotations
 
-import argparse
 import os
 import sys
-import tempfile
 import time
 
-import numpy as np
 from absl import logging
 
 from cbs_jax import checkpoint as ckpt_lib
@@ -49,24 +46,15 @@ KS = (4, 16, 64)           # K measured directly on the mixed variant
 
 
 def parse_args(argv=None):
-  ap = argparse.ArgumentParser(description=__doc__,
-                               formatter_class=argparse.RawDescriptionHelpFormatter)
-  ap.add_argument("--root", default="runs/noise_anatomy",
-                  help="one sweep root per variant below it (--quick: <out>/runs)")
-  ap.add_argument("--out", default="experiments/results",
-                  help="results parent folder (--quick: a fresh temp folder)")
+  ap = study.parser(__doc__, NAME, "one sweep root per variant below it", workers=False)
   ap.add_argument("--variants", default="mixed,homog,steps,countdown,large",
                   help="comma-separated variants of configs/noise_anatomy.py")
   ap.add_argument("--batches", type=int, default=12, help="batches pooled per measurement")
-  ap.add_argument("--quick", action="store_true", help="tiny smoke version")
-  args = ap.parse_args(argv)
+  args = study.parse(ap, argv)
   for v in args.variants.split(","):
     if v not in noise_anatomy.VARIANTS:
       ap.error(f"unknown variants {v!r}; known: {noise_anatomy.VARIANTS}")
   if args.quick:
-    if args.out == "experiments/results":
-      args.out = tempfile.mkdtemp(prefix="cbs_quick_")
-    args.root = os.path.join(args.out, f"runs_{NAME}")
     args.variants, args.batches = "quick", 2
   return args
 

@@ -21,10 +21,8 @@ figures of S against K and of B_noise against K, manifest.json.
 """
 from __future__ import annotations
 
-import argparse
 import os
 import sys
-import tempfile
 import time
 
 from absl import logging
@@ -41,28 +39,13 @@ NAME = "rollout_shape"
 
 
 def parse_args(argv=None):
-  ap = argparse.ArgumentParser(description=__doc__,
-                               formatter_class=argparse.RawDescriptionHelpFormatter)
-  ap.add_argument("--root", default="runs/rollout_shape",
-                  help="sweep root (--quick: <out>/runs)")
-  ap.add_argument("--on_root", default="runs/batch_law_on",
-                  help="the on-policy study's sweep root, the K = 16 runs (--quick: <out>/"
-                       "runs_on unless given; made there if missing)")
-  ap.add_argument("--out", default="experiments/results",
-                  help="results parent folder (--quick: a fresh temp folder)")
-  ap.add_argument("--workers", type=int, default=2,
-                  help="runs at once, each single-threaded on its own core")
+  ap = study.parser(__doc__, NAME, "sweep root",
+                    on_root_help="the on-policy study's sweep root, the K = 16 runs")
   ap.add_argument("--noise_batches", type=int, default=8,
                   help="batches of 1,024 rollouts pooled per K (0 = skip)")
-  ap.add_argument("--quick", action="store_true", help="tiny smoke version")
-  args = ap.parse_args(argv)
+  args = study.parse(ap, argv)
   if args.quick:
-    if args.out == "experiments/results":
-      args.out = tempfile.mkdtemp(prefix="cbs_quick_")
-    args.root = os.path.join(args.out, f"runs_{NAME}")
     args.noise_batches = min(args.noise_batches, 2)
-    if args.on_root == "runs/batch_law_on":
-      args.on_root = os.path.join(args.out, "runs_on")
   return args
 
 

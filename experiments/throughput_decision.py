@@ -30,11 +30,9 @@ per-N rates, read by experiments/adaptive_batch.py), the tables (.md,
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
-import tempfile
 import time
 
 import numpy as np
@@ -53,25 +51,14 @@ NAME = "throughput_decision"
 
 
 def parse_args(argv=None):
-  ap = argparse.ArgumentParser(description=__doc__,
-                               formatter_class=argparse.RawDescriptionHelpFormatter)
-  ap.add_argument("--on_root", default="runs/batch_law_on",
-                  help="the on-policy study's sweep root (E(N), the SFT base)")
-  ap.add_argument("--root", default="runs/throughput_decision",
-                  help="workdirs of the benchmark and of --measure (--quick: <out>/runs)")
-  ap.add_argument("--out", default="experiments/results",
-                  help="results parent folder (--quick: a fresh temp folder)")
+  ap = study.parser(__doc__, NAME, "workdirs of the benchmark and of --measure",
+                    on_root_help="the on-policy study's sweep root (E(N), the SFT base)",
+                    workers=False)
   ap.add_argument("--repeats", type=int, default=5, help="timed rounds per N (median)")
   ap.add_argument("--measure", action="store_true",
                   help="also rerun seed 0 of every N and time it to the target")
-  ap.add_argument("--quick", action="store_true", help="tiny smoke version")
-  args = ap.parse_args(argv)
+  args = study.parse(ap, argv)
   if args.quick:
-    if args.out == "experiments/results":
-      args.out = tempfile.mkdtemp(prefix="cbs_quick_")
-    args.root = os.path.join(args.out, f"runs_{NAME}")
-    if args.on_root == "runs/batch_law_on":
-      args.on_root = os.path.join(args.out, "runs_on")
     args.repeats = 2
   return args
 

@@ -101,3 +101,25 @@ def test_sft_headroom_quick_writes_outputs(tmp_path):
 def test_bad_flag_is_an_error(script, flag, tmp_path):
   p = _run(script, flag, cwd=tmp_path, timeout=120)
   assert p.returncode == 2 and "unknown variants" in p.stderr
+
+
+def test_study_command_line_puts_quick_runs_under_out(tmp_path):
+  """``study.parser`` / ``parse``: the defaults, --quick's paths under --out
+  (what was given explicitly is kept), and a bad --workers is an error."""
+  from cbs_jax import study
+  ap = study.parser("doc", "demo", "sweep root", on_root_help="on-policy root")
+  a = study.parse(ap, [])
+  assert (a.root, a.on_root, a.out, a.workers) == ("runs/demo", study.ON_ROOT,
+                                                   study.RESULTS, 2)
+  a = study.parse(ap, ["--quick", f"--out={tmp_path}"])
+  assert a.root == os.path.join(tmp_path, "runs_demo")
+  assert a.on_root == os.path.join(tmp_path, "runs_on")
+  a = study.parse(ap, ["--quick", f"--out={tmp_path}", "--root=r", "--on_root=o"])
+  assert (a.root, a.on_root) == ("r", "o")
+  a = study.parse(ap, ["--quick"])  # a fresh temp folder
+  assert a.out != study.RESULTS and os.path.isdir(a.out) and a.root.startswith(a.out)
+  with pytest.raises(SystemExit):
+    study.parse(ap, ["--workers=0"])
+  plain = study.parser("doc", "demo", "root", workers=False, root="x", quick_root="q")
+  a = study.parse(plain, ["--quick", f"--out={tmp_path}"])
+  assert a.root == os.path.join(tmp_path, "q") and not hasattr(a, "on_root")
