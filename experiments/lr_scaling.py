@@ -46,7 +46,14 @@ HOLDS = 1.25
 def parse_args(argv=None):
   ap = study.parser(__doc__, NAME, "sweep root of the constant/linear runs",
                     on_root_help="the on-policy study's sweep root, the sqrt runs")
-  return study.parse(ap, argv)
+  ap.add_argument("--rules", default=",".join(RULES),
+                  help="rules to compare, comma-separated (the sqrt runs are read back)")
+  args = study.parse(ap, argv)
+  args.rules = [r for r in args.rules.split(",") if r]
+  bad = [r for r in args.rules if r not in RULES]
+  if bad or not args.rules:
+    ap.error(f"--rules: unknown {bad}; known: {list(RULES)}")
+  return args
 
 
 def curve_distance(curves, ref) -> float | None:
@@ -70,7 +77,8 @@ def main(argv=None):
   tgt = batch_law.targets("quick" if quick else "on")
   main_t = float(tgt[len(tgt) // 2])
   records, configs = {}, {}
-  for rule in RULES:
+  rules = [r for r in RULES if r in args.rules]
+  for rule in rules:
     if quick:  # the sqrt runs are the quick on-policy sweep's (run here if missing)
       c = batch_law.get_config("quick")
       c.optim.lr_rule = rule
@@ -88,7 +96,7 @@ def main(argv=None):
     records[rule], configs[rule] = study.collect(rows, tgt, c), c
 
   table, curves_fig = [], []
-  for i, rule in enumerate(RULES):
+  for rule in rules:
     recs = records[rule]
     ns = sorted({r["N"] for r in recs})
     ref_n = 16 if quick else 256
@@ -121,7 +129,7 @@ def main(argv=None):
             notes="\n\n".join(notes))
   study.write_runs_csv(out.path("_runs.csv"), [dict(r, name=f"{k}/{r['name']}")
                                                for k, v in records.items() for r in v], tgt)
-  for rule in RULES:
+  for rule in rules:
     fig = plots.learning_curves([c for c in curves_fig if c["label"].startswith(rule + " ")],
                                 target=main_t, title=f"lr rule: {rule}",
                                 step_label="generation rounds", logx=True)
