@@ -14,7 +14,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FLAGS = {
     "batch_law_on_policy": ["--root", "--out", "--workers", "--tune", "--quick"],
     "batch_law_off_policy": ["--root", "--on_root", "--out", "--reuse", "--quick"],
-    "lr_scaling": ["--root", "--on_root", "--out", "--quick"],
+    "lr_scaling": ["--root", "--on_root", "--out", "--rules", "--quick"],
     "rollout_shape": ["--root", "--on_root", "--out", "--noise_batches", "--quick"],
     "throughput_decision": ["--on_root", "--root", "--out", "--repeats", "--measure",
                             "--quick"],
@@ -37,16 +37,13 @@ CHAINS = {
                                  "batch_law_on_policy_curves.png", "manifest.json"]),
     ("batch_law_off_policy", ["--reuse=4"], ["batch_law_off_policy.md",
                                              "batch_law_off_policy.csv", "manifest.json"]),
-    ("lr_scaling", [], ["lr_scaling.md", "lr_scaling.csv", "lr_scaling_sqrt.png",
+    # the constant rule runs the same code path as linear: one of them suffices here
+    ("lr_scaling", ["--rules=constant,sqrt"], ["lr_scaling.md", "lr_scaling.csv", "lr_scaling_sqrt.png",
                         "manifest.json"]),
     ("rollout_shape", [], ["rollout_shape.md", "rollout_shape.csv", "rollout_shape.png",
                            "manifest.json"]),
     ("throughput_decision", [], ["throughput_decision.md", "throughput.json",
                                  "throughput_decision.png", "manifest.json"]),
-    ("adaptive_batch", ["--signals=b_noise", "--throughput={out}/throughput_decision/"
-                        "throughput.json"], ["adaptive_batch.md", "adaptive_batch_runs.csv",
-                                             "adaptive_batch_n_b_noise.png",
-                                             "adaptive_batch_curves.png", "manifest.json"]),
     ],
     # independent of the batch-size sweeps: a second test, so xdist runs the two at once
     "noise": [
@@ -60,9 +57,18 @@ CHAINS = {
 }
 
 
-def _run(script, *args, cwd, timeout):
+def _run(script, *args, cwd, timeout, env=None):
   return subprocess.run([sys.executable, os.path.join(ROOT, "experiments", f"{script}.py"),
-                         *args], cwd=cwd, capture_output=True, text=True, timeout=timeout)
+                         *args], cwd=cwd, capture_output=True, text=True, timeout=timeout,
+                        env=env)
+
+
+def _cached_env(cache_dir):
+  """A persistent XLA compilation cache shared by a chain's scripts: the quick
+  sweeps' runs compile the same shapes again and again."""
+  return dict(os.environ, JAX_COMPILATION_CACHE_DIR=str(cache_dir),
+              JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+              JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
 
 
 @pytest.mark.parametrize("script", sorted(FLAGS))
@@ -75,17 +81,19 @@ def test_help_lists_flags(script, tmp_path):
 
 
 @pytest.mark.parametrize("chain", sorted(CHAINS))
-def test_every_study_quick_mode_writes_its_files(chain, tmp_path):
+def test_every_study_quick_mode_writes_its_files(chain, tmp_path, tmp_path_factory):
   out = tmp_path / "out"
+  env = _cached_env(tmp_path_factory.mktemp("jax_cache"))  # outside tmp_path: see the end
   for script, extra, files in CHAINS[chain]:
-    extra = [e.format(out=out) for e in extra]
-    p = _run(script, "--quick", f"--out={out}", *extra, cwd=tmp_path, timeout=900)
+    p = _run(script, "--quick", f"--out={out}", *extra, cwd=tmp_path, timeout=900,
+             env=env)
     assert p.returncode == 0, (script, p.stdout[-2000:] + p.stderr[-4000:])
     for name in files:
       f = out / script / name
       assert f.is_file() and f.stat().st_size > 0, (script, name,
                                                      sorted(os.listdir(out / script)))
   assert sorted(os.listdir(tmp_path)) == ["out"]  # runs went under --out, not the cwd
+  # experiments/adaptive_batch.py --quick: tests/test_adaptive.py (every signal)
 
 
 def test_sft_headroom_quick_writes_outputs(tmp_path):
