@@ -14,7 +14,11 @@ general pieces (numpy and scipy.stats only):
 * ``percentile_ci``: a percentile interval of bootstrap replicates that
   counts non-finite replicates (a degenerate refit) as +inf, so they widen
   the interval instead of vanishing from it.
-* ``summary``: ``value +- se`` / ``[lo, hi]`` formatting used in tables.
+* ``ratio_of_means``: sum(num) / sum(den) over paired replicates with its
+  delete-one jackknife SE: a within-replicate ratio averaged over replicates
+  (mean of num_i / den_i) is biased upward by about CV(den)^2 (Jensen),
+  which for noisy denominators swamps the effect being measured.
+* ``fmt``: ``value +- se`` / ``[lo, hi]`` formatting used in tables.
 """
 from __future__ import annotations
 
@@ -93,6 +97,24 @@ def percentile_ci(replicates, level: float = 0.9) -> tuple[float, float]:
   lo = np.quantile(r, (1 - level) / 2, method="lower")
   hi = np.quantile(r, (1 + level) / 2, method="higher")
   return float(lo), float(hi)
+
+
+def ratio_of_means(num, den) -> tuple[float, float]:
+  """(sum(num) / sum(den), delete-one jackknife SE) over paired replicates.
+
+  Raises ValueError for unpaired input or fewer than two replicates; the SE
+  is nan when a leave-one-out denominator is zero."""
+  a, b = np.asarray(num, np.float64).ravel(), np.asarray(den, np.float64).ravel()
+  if a.shape != b.shape:
+    raise ValueError(f"ratio_of_means: num has {a.size} values, den {b.size}")
+  n = a.size
+  if n < 2:
+    raise ValueError(f"ratio_of_means: {n} replicates; the jackknife needs >= 2")
+  with np.errstate(divide="ignore", invalid="ignore"):
+    ratio = a.sum() / b.sum()
+    loo = (a.sum() - a) / (b.sum() - b)
+  se = np.sqrt((n - 1) / n * np.sum((loo - loo.mean()) ** 2))
+  return float(ratio), float(se)
 
 
 def fmt(value, lo=None, hi=None, se=None, digits: int = 3) -> str:

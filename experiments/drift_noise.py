@@ -15,7 +15,9 @@ the current parameters on update j's minibatch (not yet fitted to).
 Per (m, j) the rounds are pooled (``noise.pooled_estimates``: jackknife SEs
 over rounds) into one point per reuse step, and tr Sigma_intra relative to
 the round's first update (the within-round inflation, which removes the
-slow change over training) is pooled with its SE. Each quantity is then
+slow change over training) is a ratio of sums over rounds with a jackknife
+SE (``stats.ratio_of_means``; a mean of per-round ratios would be biased
+upward by the small minibatches' noise). Each quantity is then
 fitted against kappa, weighted by the points' SEs, constant vs linear vs
 quadratic (``drift.fit_trend``); a quadratic is claimed only when it beats
 the linear model. Clipped tokens stop contributing gradient, which lowers
@@ -73,15 +75,16 @@ def points(workdir, K, P_mb, skip):
             for r in rows]
     pooled = noise.pooled_estimates(ests, P_mb, K)
     kap = np.array([r["heldout_kappa_exact_by_update"][j] for r in rows])
-    infl = np.array([r["trace_intra_by_update"][j] / r["trace_intra_by_update"][0]
-                     for r in rows if r["trace_intra_by_update"][0] > 0])
+    # ratio of the rounds' sums, not the mean of per-round ratios: that one is
+    # biased upward by ~CV(tr_0)^2, large for the small minibatches of big m
+    infl, infl_se = stats.ratio_of_means([r["trace_intra_by_update"][j] for r in rows],
+                                         [r["trace_intra_by_update"][0] for r in rows])
     clip = np.array([r.get("clip_frac_low_by_update", [0] * U)[j] +
                      r.get("clip_frac_high_by_update", [0] * U)[j] for r in rows])
     n = len(rows)
     out.append(dict(j=j, rounds=n, kappa=float(kap.mean()), kappa_se=float(
         kap.std(ddof=1) / np.sqrt(n)) if n > 1 else None,
-        inflation=float(infl.mean()), inflation_se=float(infl.std(ddof=1) / np.sqrt(
-            infl.size)) if infl.size > 1 else None,
+        inflation=infl, inflation_se=infl_se if j else None,
         trace_intra=pooled.trace_intra, trace_intra_se=pooled.trace_intra_se,
         trace_inter=pooled.trace_inter, trace_inter_se=pooled.trace_inter_se,
         g2=pooled.g2, g2_se=pooled.g2_se, b_noise=pooled.b_noise,
@@ -144,7 +147,7 @@ def main(argv=None):
                    f"{stats.fmt(f['quadratic']['coef'][2], se=f['quadratic']['se'][2])} |")
   notes = ["kappa: KL(behaviour || current) per token, exact, on probe rollouts no update "
            "uses, before update j (j = 0: on-policy, 0). inflation: tr Σ_intra at update j / "
-           "at update 0 of the same round, mean ± SE over rounds. Other columns: pooled over "
+           "at update 0, summed over rounds before dividing (jackknife SE over rounds). Other columns: pooled over "
            "rounds at update j (jackknife SE); b_noise nan where |G|^2 is not resolved. "
            "pg = plain importance-weighted policy gradient (no clipping); clip = PPO 0.2.",
            "", "## Trend against kappa (weighted by the points' SEs; F-tests at 0.05)", "",
