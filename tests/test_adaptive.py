@@ -23,32 +23,6 @@ from configs import adaptive_batch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SIGNALS = batch_lib.SIGNALS
-_CACHE_OPTS = {"jax_compilation_cache_dir": None,
-               "jax_persistent_cache_min_compile_time_secs": 0.0,
-               "jax_persistent_cache_min_entry_size_bytes": 0}
-
-
-@pytest.fixture(scope="module")
-def compile_cache(tmp_path_factory):
-  """A persistent compilation cache shared by this module's runs (restored
-  afterwards): a resumed run and every run of the --quick sweep compile the
-  same functions again."""
-  import jax
-  cache_dir = str(tmp_path_factory.mktemp("jax_cache"))
-  try:
-    from jax._src import compilation_cache as cc
-  except ImportError:  # private module moved: tests still run, only slower
-    cc = None
-  old = {k: getattr(jax.config, k) for k in _CACHE_OPTS}
-  for k, v in dict(_CACHE_OPTS, jax_compilation_cache_dir=cache_dir).items():
-    jax.config.update(k, v)
-  if cc is not None:
-    cc.reset_cache()  # the "is the cache used" decision is taken once per process
-  yield cache_dir
-  for k, v in old.items():
-    jax.config.update(k, v)
-  if cc is not None:
-    cc.reset_cache()
 
 
 # --------------------------------------------------------------- the interval
@@ -405,7 +379,7 @@ def _tiny(base_dir, rounds):
   return c
 
 
-def test_resumed_adaptive_run_makes_the_same_choices(monkeypatch, tmp_path, compile_cache):
+def test_resumed_adaptive_run_makes_the_same_choices(monkeypatch, tmp_path):
   """Uninterrupted vs killed after round 7 (last checkpoint: round 5, after
   the controller moved; round 6 is not a decision round, so only the
   restored controller state can give its N) and resumed: identical
@@ -443,7 +417,7 @@ def test_resumed_adaptive_run_makes_the_same_choices(monkeypatch, tmp_path, comp
 
 # --------------------------------------------------------------- the experiment
 
-def test_experiment_quick_writes_its_files(tmp_path, compile_cache):
+def test_experiment_quick_writes_its_files(tmp_path):
   """``experiments/adaptive_batch.py --quick`` end to end with a throughput
   file (wall clock modelled from it), from another directory."""
   out = tmp_path / "out"
@@ -451,10 +425,7 @@ def test_experiment_quick_writes_its_files(tmp_path, compile_cache):
   thr.write_text(json.dumps({"N": [8, 16, 32], "rollouts_per_s": [100.0, 180.0, 300.0]}))
   p = subprocess.run([sys.executable, os.path.join(ROOT, "experiments", "adaptive_batch.py"),
                       "--quick", f"--out={out}", f"--throughput={thr}", "--workers=1"],
-                     cwd=tmp_path, capture_output=True, text=True, timeout=1800,
-                     env=dict(os.environ, JAX_COMPILATION_CACHE_DIR=compile_cache,
-                              JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
-                              JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0"))
+                     cwd=tmp_path, capture_output=True, text=True, timeout=1800)
   assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-4000:]
   res = out / "adaptive_batch"
   names = ["adaptive_batch.md", "adaptive_batch.csv", "adaptive_batch_runs.csv",

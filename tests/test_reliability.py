@@ -5,10 +5,9 @@ Faults are injected from the outside only (SIGKILL, tasks registered with
 monkeypatch, files corrupted on disk, run functions that raise); production
 code is not patched. Verifier fuzzing lives in tests/test_tasks.py.
 
-Every run here is tiny. A persistent XLA compilation cache (a fresh
-directory per session, also handed to the subprocesses) makes the second and
-later compiles of the same program a file read; it changes no numerics (the
-cached executable is the one that was compiled).
+Every run here is tiny; the session's persistent XLA compilation cache
+(tests/conftest.py, inherited by the subprocesses) makes the second and later
+compiles of the same program a file read.
 """
 from __future__ import annotations
 
@@ -37,41 +36,9 @@ from cbs_jax import train
 from cbs_jax.tasks import arithmetic
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-_CACHE_OPTS = {"jax_compilation_cache_dir": None,
-               "jax_persistent_cache_min_compile_time_secs": 0.0,
-               "jax_persistent_cache_min_entry_size_bytes": 0}
 
 
 # --------------------------------------------------------------------- helpers
-
-@pytest.fixture(scope="module", autouse=True)
-def compile_cache(tmp_path_factory):
-  """A persistent compilation cache for this module (restored afterwards)."""
-  cache_dir = str(tmp_path_factory.mktemp("jax_cache"))
-  try:
-    from jax._src import compilation_cache as cc
-  except ImportError:  # private module moved: tests still run, only slower
-    cc = None
-  old = {k: getattr(jax.config, k) for k in _CACHE_OPTS}
-  new = dict(_CACHE_OPTS, jax_compilation_cache_dir=cache_dir)
-  for k, v in new.items():
-    jax.config.update(k, v)
-  if cc is not None:
-    cc.reset_cache()  # the "is the cache used" decision is taken once per process
-  yield cache_dir
-  for k, v in old.items():
-    jax.config.update(k, v)
-  if cc is not None:
-    cc.reset_cache()
-
-
-def subprocess_env(cache_dir):
-  env = dict(os.environ)
-  env.update(JAX_COMPILATION_CACHE_DIR=cache_dir,
-             JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
-             JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
-  return env
-
 
 TIME_KEY = re.compile(r"seconds|_per_s$|time|wall")
 
@@ -224,8 +191,8 @@ def run_and_kill(cmd, env, workdir, kill_at_round, log):
   return False
 
 
-def test_sigkill_mid_run_then_restart_equals_uninterrupted_run(tmp_path, compile_cache):
-  env = subprocess_env(compile_cache)
+def test_sigkill_mid_run_then_restart_equals_uninterrupted_run(tmp_path):
+  env = dict(os.environ)
   kills = (3, 9)  # two preemptions; the second one interrupts the resumed run
   for attempt in range(3):
     num_rounds = 24 * 2 ** attempt
@@ -490,6 +457,30 @@ def _set(c, dotted, value):
   c[leaf] = value
 
 
+def _study_configs():
+  """(module, variant) of every committed study config with named variants."""
+  import importlib  # pylint: disable=import-outside-toplevel
+  out = []
+  for name in ("adaptive_batch", "batch_law", "noise_anatomy", "offpolicy"):
+    mod = importlib.import_module(f"configs.{name}")
+    out += [(name, v) for v in mod.VARIANTS]
+  from configs import drift_noise  # pylint: disable=import-outside-toplevel
+  out += [("drift_noise", v) for v in drift_noise.CLIP_VARIANTS + ("quick",)]
+  out += [("drift_noise", f"{a}{m}") for a in ("pg", "clip") for m in drift_noise.REUSE]
+  return out
+
+
+@pytest.mark.parametrize("name,variant", _study_configs())
+def test_every_study_config_variant_builds_validates_and_makes_its_task(name, variant):
+  """A variant that fails only when its study reaches it (after an hour of
+  the others) is caught here in milliseconds."""
+  import importlib  # pylint: disable=import-outside-toplevel
+  c = importlib.import_module(f"configs.{name}").get_config(variant)
+  config_lib.validate(c)
+  task = tasks.make_task(c.task.name, **c.task.kwargs.to_dict())
+  assert task.name == c.task.name
+
+
 def test_config_table_covers_every_checked_field():
   covered = {f for f, _ in BAD_FIELDS}
   checked = (set(config_lib._CHOICES) | set(config_lib._POSITIVE)
@@ -558,7 +549,7 @@ def test_none_in_a_numeric_field_is_a_value_error_naming_it(field):
 # --------------------------------------------------------------- 6. checkpoints
 
 @pytest.fixture(scope="module")
-def finished_run(tmp_path_factory, compile_cache):
+def finished_run(tmp_path_factory):
   """A finished tiny run (checkpoints at rounds 2 and 4) to copy and corrupt."""
   wd = str(tmp_path_factory.mktemp("finished") / "run")
   mp = pytest.MonkeyPatch()
@@ -773,12 +764,12 @@ def test_sweep_names_are_filesystem_safe_and_distinct():
   assert len(sweep.grid({"a": [1, 2], "b": [3, 4, 5], "c": 7})) == 6
 
 
-def test_sweep_cli_runs_the_grid(tmp_path, compile_cache):
+def test_sweep_cli_runs_the_grid(tmp_path):
   root = str(tmp_path / "sweep")
   cmd = [sys.executable, "-m", "cbs_jax.sweep", "--config=configs/default.py:smoke",
          f"--workdir={root}", *PREEMPT_FLAGS,  # the preemption test's programs: cached
          '--sweep={"seed": [0, 1]}', "--config.train.num_rounds=2"]
-  r = subprocess.run(cmd, cwd=ROOT, env=subprocess_env(compile_cache), capture_output=True,
+  r = subprocess.run(cmd, cwd=ROOT, capture_output=True,
                      text=True, timeout=600)
   assert r.returncode == 0, r.stderr[-3000:]
   rows = sweep.read_results(root)
@@ -787,7 +778,7 @@ def test_sweep_cli_runs_the_grid(tmp_path, compile_cache):
   stored = json.load(open(os.path.join(root, "seed=1", "config.json")))
   assert stored["seed"] == 1 and stored["train"]["num_rounds"] == 2
   bad = subprocess.run(cmd[:-2] + ['--sweep={"batch.num_promts": [8]}'], cwd=ROOT,
-                       env=subprocess_env(compile_cache), capture_output=True, text=True,
+                       capture_output=True, text=True,
                        timeout=600)
   assert bad.returncode != 0 and "batch.num_promts" in bad.stderr
 
