@@ -127,8 +127,10 @@ def main(argv=None):
   for v in variants:
     mc = study.mean_curve([rec[f"{v}__seed={s}"]["curve"] for s in seeds])
     if len(mc["x"]):
-      curves.append(dict(label=v, rollouts=mc["x"], value=mc["mean"], lo=mc["lo"],
-                         hi=mc["hi"]))
+      b = configs[f"{v}__seed={seeds[0]}"].batch  # updates per rollout: m / N
+      per = b.num_minibatches / (b.num_prompts * b.rollouts_per_prompt)
+      curves.append(dict(label=v, rollouts=mc["x"], steps=mc["x"] * per, value=mc["mean"],
+                         lo=mc["lo"], hi=mc["hi"]))
   plots.save(plots.learning_curves(curves, title="clipping ablation (mean, range over seeds)"),
              out.path(".png"))
   out.manifest(config={n: c.to_dict() for n, c in configs.items()},
