@@ -114,7 +114,8 @@ import jax
 import numpy as np
 from absl import logging
 
-jax.config.update("jax_compilation_cache_dir", os.path.join(WORKDIR, "jax_cache"))
+jax.config.update("jax_compilation_cache_dir",  # a cache you already use is kept
+                  os.environ.get("JAX_COMPILATION_CACHE_DIR") or os.path.join(WORKDIR, "jax_cache"))
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
 logging.set_verbosity(logging.WARNING)
 

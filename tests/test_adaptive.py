@@ -417,32 +417,8 @@ def test_resumed_adaptive_run_makes_the_same_choices(monkeypatch, tmp_path):
 
 # --------------------------------------------------------------- the experiment
 
-def test_experiment_quick_writes_its_files(tmp_path):
-  """``experiments/adaptive_batch.py --quick`` end to end with a throughput
-  file (wall clock modelled from it), from another directory."""
-  out = tmp_path / "out"
-  thr = tmp_path / "throughput.json"
-  thr.write_text(json.dumps({"N": [8, 16, 32], "rollouts_per_s": [100.0, 180.0, 300.0]}))
-  p = subprocess.run([sys.executable, os.path.join(ROOT, "experiments", "adaptive_batch.py"),
-                      "--quick", f"--out={out}", f"--throughput={thr}", "--workers=1"],
-                     cwd=tmp_path, capture_output=True, text=True, timeout=1800)
-  assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-4000:]
-  res = out / "adaptive_batch"
-  names = ["adaptive_batch.md", "adaptive_batch.csv", "adaptive_batch_runs.csv",
-           "adaptive_batch_curves.png", "manifest.json"] + [
-               f"adaptive_batch_n_{s}.png" for s in SIGNALS]
-  for n in names:
-    assert (res / n).is_file() and (res / n).stat().st_size > 0, (n, os.listdir(res))
-  md = (res / "adaptive_batch.md").read_text()
-  assert "wall s@" in md and "modelled from" in md
-  for arm in ("fixed small", "fixed default", "fixed large") + tuple(
-      f"adaptive {s}" for s in SIGNALS):
-    assert arm in md, arm
-  runs = (res / "adaptive_batch_runs.csv").read_text().splitlines()
-  seeds = 2  # --quick's default
-  assert len(runs) == 1 + 3 * seeds + 3 * seeds + (seeds if "fixed best" in md else 0)
-  assert sorted(os.listdir(tmp_path)) == ["out", "throughput.json"]
-
+# experiments/adaptive_batch.py --quick runs in tests/test_experiments_cli.py's
+# batch-law chain (every signal, after the quick on-policy sweep it reads back).
 
 def test_experiment_help_and_bad_flags(tmp_path):
   script = os.path.join(ROOT, "experiments", "adaptive_batch.py")

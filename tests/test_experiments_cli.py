@@ -9,6 +9,8 @@ import sys
 
 import pytest
 
+from cbs_jax.batch import SIGNALS
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 FLAGS = {
@@ -44,6 +46,12 @@ CHAINS = {
                            "manifest.json"]),
     ("throughput_decision", [], ["throughput_decision.md", "throughput.json",
                                  "throughput_decision.png", "manifest.json"]),
+    # every signal; its fixed arms are the quick on-policy runs above (read back), its
+    # wall clock modelled from the throughput just measured
+    ("adaptive_batch", ["--throughput={out}/throughput_decision/throughput.json"],
+     ["adaptive_batch.md", "adaptive_batch.csv", "adaptive_batch_runs.csv",
+      "adaptive_batch_curves.png", "manifest.json"]
+     + [f"adaptive_batch_n_{s}.png" for s in SIGNALS]),
     ],
     # independent of the batch-size sweeps: a second test, so xdist runs the two at once
     "noise": [
@@ -71,18 +79,36 @@ def test_help_lists_flags(script, tmp_path):
   assert not list(tmp_path.iterdir())  # --help writes nothing
 
 
+def _check_adaptive(res):
+  """The adaptive report: every arm, the modelled wall clock, one row per run."""
+  md = (res / "adaptive_batch.md").read_text()
+  assert "wall s@" in md and "modelled from" in md
+  for arm in ("fixed small", "fixed default", "fixed large") + tuple(
+      f"adaptive {s}" for s in SIGNALS):
+    assert arm in md, arm
+  runs = (res / "adaptive_batch_runs.csv").read_text().splitlines()
+  seeds = 2  # --quick's default
+  assert len(runs) == 1 + 3 * seeds + len(SIGNALS) * seeds + (
+      seeds if "fixed best" in md else 0)
+
+
+CHECKS = {"adaptive_batch": _check_adaptive}
+
+
 @pytest.mark.parametrize("chain", sorted(CHAINS))
 def test_every_study_quick_mode_writes_its_files(chain, tmp_path):
   out = tmp_path / "out"
   for script, extra, files in CHAINS[chain]:
+    extra = [e.format(out=out) for e in extra]
     p = _run(script, "--quick", f"--out={out}", *extra, cwd=tmp_path, timeout=900)
     assert p.returncode == 0, (script, p.stdout[-2000:] + p.stderr[-4000:])
     for name in files:
       f = out / script / name
       assert f.is_file() and f.stat().st_size > 0, (script, name,
                                                      sorted(os.listdir(out / script)))
+    if script in CHECKS:
+      CHECKS[script](out / script)
   assert sorted(os.listdir(tmp_path)) == ["out"]  # runs went under --out, not the cwd
-  # experiments/adaptive_batch.py --quick: tests/test_adaptive.py (every signal)
 
 
 def test_sft_headroom_quick_writes_outputs(tmp_path):
