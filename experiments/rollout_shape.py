@@ -1,6 +1,6 @@
 """Does only the rollout count N matter? Batch shape P x K at fixed N.
 
-    python experiments/rollout_shape.py                # (~1 h, 2 workers)
+    python experiments/rollout_shape.py                # (~15 min, 2 workers)
     python experiments/rollout_shape.py --quick        # tiny smoke version
 
 At N = 1,024 and 4,096 rollouts per round, K = 2, 4, 16, 64 rollouts per
@@ -118,10 +118,19 @@ def main(argv=None):
   study.write_runs_csv(out.path("_runs.csv"), recs, tgt)
   series = {f"N={N}": [r[f"rounds@{main_t}"] for r in table if r["N"] == N] for N in ns}
   ks = {N: [r["K"] for r in table if r["N"] == N] for N in ns}
+  key = f"rounds@{main_t}"
+  bands = {f"N={N}": tuple([r[f"{key}{e}"] if r[f"{key}{e}"] is not None else r[key]
+                            for r in table if r["N"] == N] for e in ("_lo", "_hi"))
+           for N in ns}
   fig = plots.noise_over_training(ks[ns[0]], {k: v for k, v in series.items()
-                                             if len(v) == len(ks[ns[0]])},
-                                  xlabel="rollouts per prompt K",
-                                  ylabel=f"generation rounds to {main_t}")
+                                             if len(v) == len(ks[ns[0]])}, bands=bands,
+                                  xlabel="rollouts per prompt K (P = N / K prompts)",
+                                  ylabel=f"generation rounds to {main_t}",
+                                  title=f"steps to {main_t} against the batch shape at fixed N "
+                                        "(90% t-intervals over seeds)")
+  ax = fig.axes[0]
+  ax.set_xscale("log", base=2)
+  ax.set_xticks(ks[ns[0]], [str(k) for k in ks[ns[0]]])
   plots.save(fig, out.path(".png"))
   if noise:
     kk = sorted(noise)
