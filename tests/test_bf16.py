@@ -10,7 +10,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-import pytest
 
 from cbs_jax import config as config_lib
 from cbs_jax import model as model_lib

@@ -24,6 +24,7 @@ import pytest
 
 from cbs_jax import hf
 from cbs_jax import model as model_lib
+from envs import host_devices
 
 PARITY_SKIP = "parity extra not installed: pip install -e .[parity]"
 VOCAB = 100
@@ -423,8 +424,7 @@ def test_sharded_load_on_mesh(tmp_path):
       assert n_split > 0
       print("OK", n_split)
   """)
-  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8",
-             JAX_PLATFORMS="cpu")
+  env = host_devices(8)
   r = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
                      text=True, timeout=300, check=False)
   assert r.returncode == 0 and "OK" in r.stdout, r.stdout + r.stderr

@@ -18,6 +18,7 @@ import time
 import pytest
 
 from cbs_jax import metrics as metrics_lib
+from envs import host_devices
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ROUNDS = 4
@@ -28,8 +29,7 @@ FLAGS = ["--config=configs/default.py:smoke", "--config.task.kwargs.max_digits=1
 
 
 def _env(devices):
-  return dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
-              JAX_PLATFORMS="cpu")
+  return host_devices(devices)
 
 
 def _free_port():

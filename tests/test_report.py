@@ -12,7 +12,6 @@ import sys
 import textwrap
 import time
 
-import ml_collections
 import pytest
 
 from cbs_jax import report

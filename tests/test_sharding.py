@@ -12,10 +12,10 @@ import pytest
 from cbs_jax import config as config_lib
 from cbs_jax import metrics as metrics_lib
 from cbs_jax import sharding
+from envs import host_devices
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-EIGHT = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8",
-             JAX_PLATFORMS="cpu")
+EIGHT = host_devices(8)
 
 SPECS = r"""
 import json, jax, jax.numpy as jnp
