@@ -28,10 +28,6 @@ FLAGS = ["--config=configs/default.py:smoke", "--config.task.kwargs.max_digits=1
          "--config.train.eval_prompts=16"]
 
 
-def _env(devices):
-  return host_devices(devices)
-
-
 def _free_port():
   with socket.socket() as s:
     s.bind(("127.0.0.1", 0))
@@ -49,7 +45,7 @@ def _launch(workdir, base_dir, log_dir, tag):
            "--config.distributed.heartbeat_timeout=10",
            "--config.distributed.initialization_timeout=120"]
     log = open(os.path.join(log_dir, f"{tag}{i}.log"), "w")
-    procs.append((subprocess.Popen(cmd, cwd=ROOT, env=_env(4), stdout=log,
+    procs.append((subprocess.Popen(cmd, cwd=ROOT, env=host_devices(4), stdout=log,
                                    stderr=subprocess.STDOUT), log))
   return procs
 
@@ -76,7 +72,7 @@ def test_two_processes_match_one_process_and_survive_preemption(tmp_path):
   # that the multi-process runs start from)
   ref_dir = tmp_path / "one"
   r = subprocess.run([sys.executable, "-m", "cbs_jax.main", f"--workdir={ref_dir}", *FLAGS],
-                     cwd=ROOT, env=_env(8), capture_output=True, text=True, timeout=600)
+                     cwd=ROOT, env=host_devices(8), capture_output=True, text=True, timeout=600)
   assert r.returncode == 0, r.stderr[-3000:]
   ref = metrics_lib.read_jsonl(str(ref_dir / "metrics.jsonl"))
   base = str(ref_dir / "sft_base")
