@@ -328,7 +328,7 @@ def noise_over_training(rounds, series: Mapping[str, Sequence[float]],
                         bands: Mapping[str, tuple] | None = None,
                         title: str | None = None, ylabel: str = "noise scale (rollouts)",
                         xlabel: str = "training round (generation rounds)",
-                        logy: bool | None = None) -> Figure:
+                        logy: bool | None = None, logx: bool = False) -> Figure:
   """Noise quantities (e.g. B_noise, B_intra, K*B_inter) over training.
 
   ``rounds``: the shared x values, or a dict label -> x values when series
@@ -336,7 +336,7 @@ def noise_over_training(rounds, series: Mapping[str, Sequence[float]],
   measurements at checkpoints). ``series``: label -> values (None/nan
   where unresolved). ``bands``: label -> (lo, hi), an interval band (or
   error bars for a series of at most 12 points). ``logy``: default log when
-  every finite value is positive.
+  every finite value is positive; ``logx``: a log2 x axis (batch sizes).
   """
   bands = bands or {}
   fig, (ax,) = _new(1, size=(6.4, 4.2))
@@ -359,6 +359,8 @@ def noise_over_training(rounds, series: Mapping[str, Sequence[float]],
     logy = _log_ok(*series.values())
   if logy:
     ax.set_yscale("log")
+  if logx:
+    ax.set_xscale("log", base=2)
   ax.set_xlabel(xlabel)
   ax.set_ylabel(ylabel)
   ax.grid(True, which="major", linewidth=0.3, color="0.8")

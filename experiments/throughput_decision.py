@@ -20,9 +20,10 @@ generation-throughput gain exceeds its samples-to-target penalty. Two parts:
    seeds, read back from ``--on_root``), and at each step N -> 2N the rule
    "larger pays iff throughput(2N)/throughput(N) > E(2N)/E(N)". With
    ``--measure`` the seed-0 run of each N is repeated here, one at a time,
-   and its wall time to the target (sum of the per-round seconds it logged
-   up to the crossing round) is the measured T(N) the prediction is checked
-   against.
+   and its training time to the target (the generation + update seconds it
+   logged up to the crossing round, the first round's compile set apart,
+   ``study.time_to_target``) is the measured T(N) the prediction is checked
+   against; compile and evaluation seconds are reported beside it.
 
 Writes experiments/results/throughput_decision/: throughput.json (the
 per-N rates, read by experiments/adaptive_batch.py), the tables (.md,
@@ -38,7 +39,6 @@ import time
 import numpy as np
 from absl import logging
 
-from cbs_jax import metrics as metrics_lib
 from cbs_jax import plots
 from cbs_jax import report
 from cbs_jax import stats
@@ -91,17 +91,12 @@ def benchmark(c, root, ns, repeats):
   return out, setup
 
 
-def measured_time(workdir, target):
-  """Wall seconds (generation + update + eval, as logged) to the target."""
-  rows = metrics_lib.read_jsonl(os.path.join(workdir, "metrics.jsonl"))
-  total = 0.0
-  for r in rows[1:]:
-    total += r.get("gen_seconds", 0.0) + r.get("update_seconds", 0.0) + \
-        r.get("eval_expected_seconds", 0.0) + r.get("eval_sampled_seconds", 0.0)
-    s = study.score_of(r)
-    if s is not None and s >= target:
-      return total
-  return None
+def measured_columns(m, rate):
+  """The --measure columns of one N's row from ``study.time_to_target``."""
+  if not m:
+    return dict(T_measured=None, run_vs_bench=None, T_overhead=None)
+  return dict(T_measured=m["train"], run_vs_bench=m["rollouts"] / m["train"] / rate,
+              T_overhead=m["compile"] + m["eval"])
 
 
 def main(argv=None):
@@ -147,7 +142,7 @@ def main(argv=None):
       o = next(o for o in sweep_over if o["batch.num_prompts"] * K == N and o["seed"] == 0)
       row = study.run_study(c, [o], os.path.join(args.root, "measure"), workers=1,
                             progress=False)[0]
-      measured[N] = measured_time(row["workdir"], main_t)
+      measured[N] = study.time_to_target(row["workdir"], main_t)
   rows = []
   for i, N in enumerate(ns):
     e = E[N]
@@ -157,7 +152,7 @@ def main(argv=None):
              E=stats.fmt(e["mean"], e["lo"], e["hi"]),
              T_pred=stats.fmt(T, None if e["lo"] is None else e["lo"] / rate[N],
                               None if e["hi"] is None else e["hi"] / rate[N]),
-             T_measured=measured.get(N))
+             **measured_columns(measured.get(N), rate[N]))
     if i:
       P = ns[i - 1]
       gain, penalty = rate[N] / rate[P], (e["mean"] / E[P]["mean"]
@@ -165,33 +160,41 @@ def main(argv=None):
       d["throughput_gain"] = gain
       d["samples_penalty"] = penalty
       d["rule: 2N pays"] = None if penalty is None else ("yes" if gain > penalty else "no")
-      if P in measured and measured[P] and measured.get(N):
-        d["measured: 2N faster"] = "yes" if measured[N] < measured[P] else "no"
+      if measured.get(P) and measured.get(N):
+        d["measured: 2N faster"] = "yes" if measured[N]["train"] < measured[P]["train"] else "no"
     rows.append(d)
   cols = ["N", "rollouts_per_s", "gen_s", "update_s", "vs_roofline", "E", "T_pred",
-          "T_measured", "throughput_gain", "samples_penalty", "rule: 2N pays",
-          "measured: 2N faster"]
+          "T_measured", "run_vs_bench", "T_overhead", "throughput_gain", "samples_penalty",
+          "rule: 2N pays", "measured: 2N faster"]
   notes = [f"Benchmark: one process, {args.repeats} timed rounds per N (median), K = {K}; "
            f"machine: {systems.describe(acc)}. vs_roofline: measured rollouts/s over the "
            "roofline bound of the same round (systems.round_time). E: on-policy rollouts "
            f"to {main_t} (mean [90% t-interval] over seeds); T_pred = E / rollouts_per_s "
-           "(seconds); T_measured: seed 0 rerun here, wall seconds to the target as logged "
-           "(--measure). Rule: N -> 2N pays iff the throughput gain exceeds the samples "
+           "(seconds); T_measured (--measure): seed 0 rerun here, its logged generation + "
+           "update seconds to the target with the first round counted at the median round "
+           "(study.time_to_target); run_vs_bench: that run's rollouts/s to the target over "
+           "the benchmark's; T_overhead: its compile (first round's excess) + evaluation "
+           "seconds, not in the prediction. Rule: N -> 2N pays iff the throughput gain exceeds the samples "
            "penalty E(2N) / E(N).", f"Command: `{' '.join(['python'] + sys.argv)}`."]
   out.table(rows, cols, title="Throughput and the time-to-target decision",
             notes="\n\n".join(notes))
   series = {"rollouts/s (measured)": [rate[N] for N in ns],
             "rollouts/s (roofline)": [t["roofline_rollouts_per_s"] for t in thr]}
   plots.save(plots.noise_over_training(ns, series, xlabel="batch size N (rollouts)",
-                                       ylabel="throughput (rollouts/s)",
+                                       ylabel="throughput (rollouts/s)", logx=True,
                                        title="throughput against N"), out.path(".png"))
   tp = {"T predicted (s)": [None if E[N]["mean"] is None else E[N]["mean"] / rate[N]
                             for N in ns]}
   if measured:
-    tp["T measured (s)"] = [measured.get(N) for N in ns]
-  plots.save(plots.noise_over_training(ns, tp, xlabel="batch size N (rollouts)",
-                                       ylabel=f"time to {main_t} (s)",
-                                       title="time to target against N"),
+    tp["T measured, seed 0 (s)"] = [(measured.get(N) or {}).get("train") for N in ns]
+    tp["T measured + compile + eval (s)"] = [(measured.get(N) or {}).get("total") for N in ns]
+  band = ([E[N]["lo"] and E[N]["lo"] / rate[N] for N in ns],
+          [E[N]["hi"] and E[N]["hi"] / rate[N] for N in ns])
+  plots.save(plots.noise_over_training(ns, tp, bands={"T predicted (s)": band},
+                                       xlabel="batch size N (rollouts)",
+                                       ylabel=f"time to {main_t} (s)", logx=True,
+                                       title="time to target against N (predicted: "
+                                             "seed mean, 90% interval)"),
              out.path("_time.png"))
   out.manifest(config=c, wall_seconds=time.time() - t0, targets=list(tgt))
 

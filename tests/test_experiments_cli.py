@@ -44,7 +44,7 @@ CHAINS = {
                         "manifest.json"]),
     ("rollout_shape", [], ["rollout_shape.md", "rollout_shape.csv", "rollout_shape.png",
                            "manifest.json"]),
-    ("throughput_decision", [], ["throughput_decision.md", "throughput.json",
+    ("throughput_decision", ["--measure"], ["throughput_decision.md", "throughput.json",
                                  "throughput_decision.png", "manifest.json"]),
     # every signal; its fixed arms are the quick on-policy runs above (read back), its
     # wall clock modelled from the throughput just measured
@@ -92,7 +92,19 @@ def _check_adaptive(res):
       seeds if "fixed best" in md else 0)
 
 
-CHECKS = {"adaptive_batch": _check_adaptive}
+def _check_throughput(res):
+  """--measure: seed 0 of every N rerun and timed; where the quick on-policy
+  run reached the target (seed 0 at N = 8 does), so does its rerun."""
+  import csv  # pylint: disable=import-outside-toplevel
+  with open(res / "throughput_decision.csv") as f:
+    rows = list(csv.DictReader(f))
+  assert {"T_measured", "run_vs_bench", "T_overhead"} <= set(rows[0])
+  timed = [r for r in rows if r["T_measured"] not in ("", "None")]
+  assert timed and all(float(r["T_measured"]) > 0 and float(r["T_overhead"]) >= 0
+                       for r in timed), rows
+
+
+CHECKS = {"adaptive_batch": _check_adaptive, "throughput_decision": _check_throughput}
 
 
 @pytest.mark.parametrize("chain", sorted(CHAINS))

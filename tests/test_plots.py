@@ -199,6 +199,15 @@ def test_noise_over_training_series_and_bands(tmp_path):
   _check_labelled_and_saved(fig, tmp_path, "not")
   with pytest.raises(ValueError):
     plots.noise_over_training([0, 1], {"x": [1.0, 2.0, 3.0]})
+  # batch sizes on a log2 axis; an interval missing at one N leaves that bar out
+  ns = [64, 128, 256]
+  fig = plots.noise_over_training(ns, {"T (s)": [8.6, 6.3, 7.4]},
+                                  {"T (s)": ([6.8, None, 6.8], [10.5, None, 7.9])}, logx=True)
+  ax = fig.axes[0]
+  assert ax.get_xscale() == "log" and ax.xaxis.get_transform().base == 2
+  seg = ax.containers[0].lines[2][0].get_segments()
+  finite = [[s[0][1], s[1][1]] for s in seg if len(s)]
+  np.testing.assert_allclose(finite, [[6.8, 10.5], [6.8, 7.9]])
 
 
 @pytest.mark.parametrize("stacked", [False, True])
