@@ -490,6 +490,9 @@ def adaptive_batch(rounds, batch_size, signal, lo=None, hi=None, title: str | No
   if lo is not None and hi is not None:
     _band(ax_s, xs, lo, hi, COLORS[1], label="interval")
   ax_s.plot(xs, s, color=COLORS[1], linestyle="--", linewidth=1.3, label=signal_label)
+  if not np.isfinite(s).any():  # an empty panel must say why it is empty
+    ax_s.text(0.5, 0.5, "signal never resolved", transform=ax_s.transAxes, ha="center",
+              va="center", color="0.3")
   if _log_ok(s, lo, hi):
     ax_s.set_yscale("log")
   ax_s.set_ylabel(signal_label)

@@ -266,6 +266,10 @@ def test_adaptive_batch_panels(tmp_path):
   assert "round" in ax_s.get_xlabel()
   assert len(ax_s.collections) == 1  # the interval band
   _check_labelled_and_saved(fig, tmp_path, "adaptive")
+  assert not fig.axes[1].texts  # a resolved signal needs no note
+  # a signal never resolved (all None): the empty panel says so
+  fig = plots.adaptive_batch(r, n, [None] * r.size)
+  assert [t.get_text() for t in fig.axes[1].texts] == ["signal never resolved"]
 
 
 def test_agg_safe_without_display(tmp_path):
