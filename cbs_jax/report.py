@@ -65,13 +65,18 @@ def provenance() -> dict:
 
 
 def _plain(config: Any) -> Any:
-  """A config (ConfigDict, dict, or lists of them) as plain JSON-able data."""
+  """A config (ConfigDict, dict, or lists of them) as plain JSON-able data.
+  An absolute path inside the working directory is written relative to it,
+  so a committed manifest names no machine's directories."""
   if hasattr(config, "to_dict"):
     return _plain(config.to_dict())
   if isinstance(config, dict):
     return {str(k): _plain(v) for k, v in config.items()}
   if isinstance(config, (list, tuple)):
     return [_plain(v) for v in config]
+  if isinstance(config, str) and os.path.isabs(config):
+    rel = os.path.relpath(config)
+    return config if rel == os.pardir or rel.startswith(os.pardir + os.sep) else rel
   return config
 
 

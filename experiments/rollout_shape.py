@@ -127,10 +127,8 @@ def main(argv=None):
                                   xlabel="rollouts per prompt K (P = N / K prompts)",
                                   ylabel=f"generation rounds to {main_t}",
                                   title=f"steps to {main_t} against the batch shape at fixed N "
-                                        "(90% t-intervals over seeds)")
-  ax = fig.axes[0]
-  ax.set_xscale("log", base=2)
-  ax.set_xticks(ks[ns[0]], [str(k) for k in ks[ns[0]]])
+                                        "(90% t-intervals over seeds)", logx=True)
+  fig.axes[0].set_xticks(ks[ns[0]], [str(k) for k in ks[ns[0]]])
   plots.save(fig, out.path(".png"))
   if noise:
     kk = sorted(noise)

@@ -90,6 +90,16 @@ def test_manifest_explicit_wall_time_and_several_configs(tmp_path):
     res.manifest(git_commit="made up")
 
 
+def test_manifest_writes_paths_inside_the_working_directory_relative(tmp_path, monkeypatch):
+  monkeypatch.chdir(tmp_path)
+  c = default.get_config()
+  c.sft.base_dir = str(tmp_path / "runs" / "on" / "sft_base")  # what a study passes its runs
+  doc = _read(report.Results("exp_c", root="res").manifest(
+      config={"run": c, "outside": "/elsewhere/run"}, command="python x.py"))
+  assert doc["config"]["run"]["sft"]["base_dir"] == os.path.join("runs", "on", "sft_base")
+  assert doc["config"]["outside"] == "/elsewhere/run"  # outside the directory: kept as given
+
+
 @pytest.mark.parametrize("as_module", [False, True])
 def test_default_command_is_the_real_command_line(tmp_path, as_module):
   """The command recorded without being told is the one that started the process."""
@@ -151,6 +161,7 @@ def test_every_committed_result_folder_has_a_manifest():
     absent = [k for k in report.MANIFEST_KEYS if k not in doc]
     assert not absent, f"{d}/manifest.json lacks {absent}"
     assert doc["command"] and doc["git_commit"] and doc["config"] is not None, d
+    assert ROOT not in json.dumps(doc), f"{d}/manifest.json names this machine's {ROOT}"
 
 
 def test_citation_cff():
