@@ -1,0 +1,79 @@
+"""The trainer's logged numbers are pinned: golden metrics rows.
+
+``tests/golden/*.json`` hold every metrics row (wall-clock fields aside) of
+three short runs, written by ``tests/golden/make_golden.py`` at the commit
+named in each file, before the typed-state refactor: the README quickstart
+(20 rounds), an adaptive off-policy run with every noise and drift path on,
+and PPO with a value head and a KL penalty. A run of the same case now must
+log the same rows, bit for bit (same seed, same machine kind: XLA's CPU
+kernels are deterministic for a fixed program).
+
+The one deliberate change since the fixtures were written: the tracker's
+interval widens z with the exact Student-t quantile (scipy) instead of a
+Cornish-Fisher expansion that was within 1% of it for z <= 2 at dof >= 2
+(and deliberately wider below dof 2), so the interval bounds
+(``*/b_noise_lo``, ``*/b_noise_hi``, ``adaptive/signal_lo``/``_hi``) are
+compared to 10%; everything else exactly.
+"""
+import json
+import math
+import os
+import sys
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "golden"))
+
+import make_golden  # noqa: E402  pylint: disable=wrong-import-position
+
+INTERVAL_SUFFIXES = ("/b_noise_lo", "/b_noise_hi", "/signal_lo", "/signal_hi")
+
+
+def _same(a, b) -> bool:
+  if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
+    return True
+  return a == b
+
+
+def _close(a, b) -> bool:
+  if a is None or b is None or isinstance(a, str) or isinstance(b, str):
+    return a == b
+  if math.isinf(a) or math.isinf(b):
+    return a == b
+  return abs(a - b) <= 0.1 * max(abs(a), abs(b)) + 1e-12
+
+
+def diff_rows(want: list, got: list) -> list[str]:
+  """Every difference between two lists of metrics rows, as readable lines."""
+  out = []
+  if len(want) != len(got):
+    out.append(f"{len(got)} rows, expected {len(want)}")
+  for i, (w, g) in enumerate(zip(want, got)):
+    for k in sorted(set(w) | set(g)):
+      if k not in g or k not in w:
+        out.append(f"row {i}: field {k!r} only in {'fixture' if k in w else 'run'}")
+        continue
+      ok = (_close if k.endswith(INTERVAL_SUFFIXES) else _same)(w[k], g[k])
+      if not ok:
+        out.append(f"row {i} (round {w.get('round')}): {k}: fixture {w[k]!r}, run {g[k]!r}")
+  return out
+
+
+def test_diff_rows_finds_a_changed_field_and_tolerates_interval_bounds():
+  want = [{"round": 1, "loss": 0.5, "noise_ema/b_noise_hi": 100.0, "x": float("nan")}]
+  assert diff_rows(want, [dict(want[0], **{"noise_ema/b_noise_hi": 105.0})]) == []
+  assert diff_rows(want, [dict(want[0], loss=0.5000001)]) == [
+      "row 0 (round 1): loss: fixture 0.5, run 0.5000001"]
+  assert diff_rows(want, [dict(want[0], **{"noise_ema/b_noise_hi": 120.0})])
+  assert diff_rows(want, [{k: v for k, v in want[0].items() if k != "x"}])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", sorted(make_golden.CASES))
+def test_run_logs_the_golden_rows(case, tmp_path):
+  with open(make_golden.path(case)) as f:
+    want = json.load(f)["rows"]
+  got = make_golden.run_case(case, str(tmp_path))
+  problems = diff_rows(want, got)
+  assert not problems, "\n".join(problems[:40])
