@@ -46,8 +46,7 @@ def base_config() -> ConfigDict:
   c.sampling.suppress_special = True  # never sample PAD/BOS inside a completion (the decoder
                                       # would skip them): the completion's support is the
                                       # task's alphabet plus EOS, as the exact eval assumes
-  c.sampling.suppress_ids = ()   # set by train.prepare from the tokenizer (PAD, BOS) when
-                                 # suppress_special; not a user setting
+                                      # (train.prepare puts their ids in setup.sampling)
 
   c.sft = ConfigDict()
   c.sft.steps = 300          # optimizer steps of next-token training on solutions

@@ -105,9 +105,9 @@ def measure(config, graphdef, params, setup, P: int, K: int, M: int,
   groups = 1 + max(p.difficulty for p in setup.eval_problems) if by_difficulty else 0
   exact_fn = jax.jit(functools.partial(
       gradstats.group_moments, graphdef=graphdef, P=P, K=K, rl_cfg=c.rl,
-      sampling_cfg=c.sampling, chunk_prompts=chunk_prompts, num_groups=groups))
+      sampling_spec=setup.sampling, chunk_prompts=chunk_prompts, num_groups=groups))
   split_fn = jax.jit(lambda p, b: gradstats.split_grads(
-      p, graphdef, b, P, K, c.rl, c.sampling)[3])
+      p, graphdef, b, P, K, c.rl, setup.sampling)[3])
   metric = None if opt_state is None else gradstats.adam_metric(
       opt_state, config.optim.b2, config.optim.eps)
   if metric is not None and int(jax.device_get(gradstats.adam_state(opt_state).count)) == 0:

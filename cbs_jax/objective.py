@@ -79,25 +79,24 @@ def policy_losses(logp_BxT, batch, counts: Counts, rl_cfg, values_BxT=None):
   return L_B, dict(aux, logp_old=logp_old)
 
 
-def rollout_losses(params, graphdef, batch, counts: Counts, rl_cfg, sampling_cfg):
+def rollout_losses(params, graphdef, batch, counts: Counts, rl_cfg,
+                   sampling_spec: scoring.SamplingSpec):
   """Per-rollout loss contributions ``L_B`` (sum = batch loss) and per-token aux.
 
   Scores the completions by teacher forcing and applies ``policy_losses``.
-  ``rl_cfg`` is ``config.rl``; ``sampling_cfg`` is ``config.sampling`` (the
-  processing the behaviour log-probs were taken under, so that on-policy
-  ratios are exactly 1).
+  ``rl_cfg`` is ``config.rl``; ``sampling_spec`` the distribution the
+  behaviour log-probs were taken under (so that on-policy ratios are exactly 1).
   """
   mask = batch["completion_mask"]
   sc = scoring.score(graphdef, params, batch["prompt"], batch["prompt_mask"],
-                     batch["completion"], mask, sampling_cfg.temperature,
-                     sampling_cfg.top_k, sampling_cfg.top_p,
-                     tuple(getattr(sampling_cfg, "suppress_ids", ())))
+                     batch["completion"], mask, sampling_spec)
   L_B, aux = policy_losses(sc.logprobs, batch, counts, rl_cfg, sc.values)
   aux = dict(aux, logp=sc.logprobs, entropy=rl.entropy_from_logits(sc.logits) * mask)
   return L_B, aux
 
 
-def batch_loss(params, graphdef, batch, counts: Counts, rl_cfg, sampling_cfg):
+def batch_loss(params, graphdef, batch, counts: Counts, rl_cfg,
+               sampling_spec: scoring.SamplingSpec):
   """Scalar loss (sum of ``rollout_losses``) and aux, for ``jax.grad``."""
-  L_B, aux = rollout_losses(params, graphdef, batch, counts, rl_cfg, sampling_cfg)
+  L_B, aux = rollout_losses(params, graphdef, batch, counts, rl_cfg, sampling_spec)
   return jnp.sum(L_B), aux
