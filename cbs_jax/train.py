@@ -83,20 +83,21 @@ def make_optimizer(oc, param_dtype: str = "float32") -> optax.GradientTransforma
 class Setup:
   """What a run needs besides its config: task, tokenizer, shapes, the
   held-out eval set, the distributions rollouts (``sampling``) and
-  evaluations (``eval_sampling``) sample from, and (where the task
-  enumerates its answers) its exact expected-pass evaluator."""
+  evaluations (``eval_sampling``) sample from, the RL settings (``rl``) and
+  (where the task enumerates its answers) its exact expected-pass evaluator."""
   task: tasks.Task
   tok: tasks.Tokenizer
   layout: rollouts.Layout
   eval_problems: list
   sampling: scoring.SamplingSpec
   eval_sampling: scoring.SamplingSpec
+  rl: rl.RLSpec
   expected: evaluation.ExpectedPass | None = None
 
 
 def prepare(config: ml_collections.ConfigDict) -> Setup:
-  """Validate the config, build the task and the sampling specs, and fix the
-  model's vocab size."""
+  """Validate the config, build the task and the specs (sampling, eval
+  sampling, RL), and fix the model's vocab size."""
   config_lib.validate(config)
   task = tasks.make_task(config.task.name, **config.task.kwargs.to_dict())
   hf_dir = config.get("hf_checkpoint") or ""
@@ -130,7 +131,8 @@ def prepare(config: ml_collections.ConfigDict) -> Setup:
   expected = None
   if config.train.eval_expected and task.enumerable:
     expected = evaluation.ExpectedPass(task, tok, eval_problems, layout, eval_spec)
-  return Setup(task, tok, layout, eval_problems, spec, eval_spec, expected)
+  return Setup(task, tok, layout, eval_problems, spec, eval_spec,
+               rl.RLSpec.from_config(config.rl), expected)
 
 
 def sft_base(config, workdir: str, setup: Setup):
@@ -159,8 +161,8 @@ def round_batch(config, graphdef, behaviour, ref_params, setup: Setup, rnd: int,
   KL penalty reads) instead of scoring ``ref_params`` when the KL is on.
   Returns ``(batch, rewards_PxK, gen)``: ``batch`` holds the arrays of
   ``objective.BATCH_KEYS`` but ``on_policy`` (set per update), with
-  advantages from ``rl.token_advantages`` (PPO: critic values of the
-  behaviour params, GAE, whitening); ``gen`` is the rollout output.
+  advantages from ``rl.token_advantages`` of ``setup.rl`` (PPO: critic
+  values of the behaviour params, GAE, whitening); ``gen`` is the rollout output.
   """
   P = P or config.batch.num_prompts
   K = config.batch.rollouts_per_prompt
@@ -181,11 +183,11 @@ def round_batch(config, graphdef, behaviour, ref_params, setup: Setup, rnd: int,
            logp_old=out["logp_old"])
   score = lambda p: _score(graphdef, p, b["prompt"], b["prompt_mask"], b["completion"],
                            mask, spec)
-  values = score(behaviour).values if config.rl.advantage == "gae" else None
-  b["adv"], b["returns"] = rl.token_advantages(config.rl, rewards, mask, values)
+  values = score(behaviour).values if setup.rl.advantage == "gae" else None
+  b["adv"], b["returns"] = rl.token_advantages(setup.rl, rewards, mask, values)
   zeros = jnp.zeros_like(mask)
   b["old_values"] = zeros if values is None else values
-  b["logp_ref"] = score(ref_params).logprobs if with_ref and config.rl.kl_beta else zeros
+  b["logp_ref"] = score(ref_params).logprobs if with_ref and setup.rl.kl_beta else zeros
   if jax.process_count() > 1:  # host copies of what the metrics read
     out = dict(out, completion_mask=sharding.host(mask), lengths=sharding.host(out["lengths"]))
   out = dict(out, difficulty=np.array([p.difficulty for p in problems]))
@@ -237,17 +239,18 @@ def probe_batch(config, graphdef, behaviour, setup: Setup, rnd: int, mesh=None):
   return b
 
 
-def probe_drift(config, graphdef, params, probe, sampling_spec: scoring.SamplingSpec) -> dict:
+def probe_drift(graphdef, params, probe, sampling_spec: scoring.SamplingSpec,
+                rl_spec: rl.RLSpec) -> dict:
   """Drift of ``params`` from the behaviour policy on the probe's tokens:
-  ``drift.drift_stats`` (k1/k3, ratios, clip fractions, ESS) plus
-  ``kappa_exact``, the full-vocabulary KL(behaviour || current) per token
-  (log-probs of ``sampling_spec``, the behaviour's distribution)."""
-  rc = config.rl
+  ``drift.drift_stats`` (k1/k3, ratios, clip fractions at ``rl_spec``'s clip
+  range, ESS) plus ``kappa_exact``, the full-vocabulary KL(behaviour ||
+  current) per token (log-probs of ``sampling_spec``, the behaviour's
+  distribution)."""
   cur = scoring.score(graphdef, params, probe["prompt"], probe["prompt_mask"],
                       probe["completion"], probe["completion_mask"], sampling_spec)
   mask = probe["completion_mask"]
-  st = drift.drift_stats(probe["logp_old"], cur.logprobs, mask, rc.clip_eps_low,
-                         rc.clip_eps_high, probe["adv"])
+  st = drift.drift_stats(probe["logp_old"], cur.logprobs, mask, rl_spec.clip_eps_low,
+                         rl_spec.clip_eps_high, probe["adv"])
   kl = drift.exact_kl(probe["logp_all_b"], cur.logits)
   st["kappa_exact"] = jnp.sum(kl * mask) / jnp.maximum(mask.sum(), 1.0)
   return {f"heldout_{k}": v for k, v in st.items()}
@@ -270,9 +273,9 @@ class RoundUpdater:
   """
 
   def __init__(self, config, graphdef, tx, P_mb: int, sampling_spec: scoring.SamplingSpec,
-               mesh=None):
+               rl_spec: rl.RLSpec, mesh=None):
     self.c, self.graphdef, self.tx, self.P_mb = config, graphdef, tx, P_mb
-    self.sampling_spec = sampling_spec
+    self.sampling_spec, self.rl_spec = sampling_spec, rl_spec
     self.K = config.batch.rollouts_per_prompt
     self.mesh = mesh
     self._fns = {}
@@ -290,7 +293,8 @@ class RoundUpdater:
   def _exact_moments(self, params, mb):
     c = self.c
     return gradstats.group_moments(precision.float32(params), self.graphdef, mb, self.P_mb,
-                                   self.K, c.rl, self.sampling_spec, c.noise.chunk_prompts,
+                                   self.K, self.rl_spec, self.sampling_spec,
+                                   c.noise.chunk_prompts,
                                    method=c.noise.exact_method)
 
   def _drift_estimates(self, moments):
@@ -316,8 +320,8 @@ class RoundUpdater:
       if drift:
         d0 = self._drift_estimates(moments)
     held = lambda params: ({} if probe is None else
-                           probe_drift(self.c, self.graphdef, params, probe,
-                                       self.sampling_spec))
+                           probe_drift(self.graphdef, params, probe, self.sampling_spec,
+                                       self.rl_spec))
     h0 = held(state["params"])
     state, m0, sm = self._update(state, first, lrs_U[0], split=split)
     m0.update(h0)
@@ -357,13 +361,14 @@ class RoundUpdater:
     if split:  # raw, and in Adam's metric (before this update) once Adam has one
       metric = gradstats.adam_metric(opt_state, c.optim.b2, c.optim.eps)
       loss, grads, aux, moments = gradstats.split_grads(
-          gparams, graphdef, mb, self.P_mb, self.K, c.rl, self.sampling_spec, metric=metric)
+          gparams, graphdef, mb, self.P_mb, self.K, self.rl_spec, self.sampling_spec,
+          metric=metric)
       if metric is None:
         moments = (moments, None)
     else:
       counts = objective.counts_of(mb)
       (loss, aux), grads = jax.value_and_grad(objective.batch_loss, has_aux=True)(
-          gparams, graphdef, mb, counts, c.rl, self.sampling_spec)
+          gparams, graphdef, mb, counts, self.rl_spec, self.sampling_spec)
     gnorm = optax.tree.norm(grads)
     opt_state.hyperparams["learning_rate"] = lr
     updates, new_opt = self.tx.update(grads, opt_state, params)
@@ -381,8 +386,8 @@ class RoundUpdater:
              grad_clipped=(gnorm > c.optim.grad_clip) if c.optim.grad_clip else False,
              entropy=jnp.sum(aux["entropy"]) / ntok,
              sampler_logp_gap=jnp.where(mb["on_policy"][0], gap, jnp.nan))
-    m.update(drift.drift_stats(aux["logp_old"], aux["logp"], mask, c.rl.clip_eps_low,
-                               c.rl.clip_eps_high, mb["adv"]))
+    m.update(drift.drift_stats(aux["logp_old"], aux["logp"], mask, self.rl_spec.clip_eps_low,
+                               self.rl_spec.clip_eps_high, mb["adv"]))
     return state, m, moments
 
 
@@ -413,7 +418,7 @@ class Run:
     """One set of compiled update functions per prompts-per-update bucket."""
     if P_mb not in self.updaters:
       self.updaters[P_mb] = RoundUpdater(self.config, self.graphdef, self.tx, P_mb,
-                                         self.setup.sampling, self.mesh)
+                                         self.setup.sampling, self.setup.rl, self.mesh)
     return self.updaters[P_mb]
 
 

@@ -212,7 +212,7 @@ def main():
   P, K = config.batch.num_prompts, config.batch.rollouts_per_prompt
   N = P * K
   C0 = config.noise.chunk_prompts
-  rl_cfg, s_cfg = config.rl, setup.sampling
+  rl_cfg, s_cfg = setup.rl, setup.sampling
   graphdef, params, origin = load_params(config, setup, args.base_dir)
   print(f"jax {jax.__version__} on {jax.devices()[0].platform} ({jax.device_count()} "
         f"device(s)); params {model_lib.param_count(params):,}; P={P} K={K} N={N}; "

@@ -46,6 +46,7 @@ import numpy as np
 
 from cbs_jax import model as model_lib
 from cbs_jax import objective
+from cbs_jax import rl
 from cbs_jax import scoring
 from cbs_jax import systems
 from cbs_jax import train
@@ -104,11 +105,12 @@ def make_batch(graphdef, params, c, n, tp, tc, seed=0):
 
 def make_update(graphdef, c, spec):
   tx = train.make_optimizer(c.optim)
+  rl_spec = rl.RLSpec.from_config(c.rl)
 
   def update(state, batch):
     params, opt_state = state
     (loss, _), grads = jax.value_and_grad(objective.batch_loss, has_aux=True)(
-        params, graphdef, batch, objective.counts_of(batch), c.rl, spec)
+        params, graphdef, batch, objective.counts_of(batch), rl_spec, spec)
     updates, opt_state = tx.update(grads, opt_state, params)
     params = jax.tree.map(lambda p, u: p + u, params, updates)
     return (params, opt_state), loss

@@ -14,6 +14,7 @@ from cbs_jax import ghost
 from cbs_jax import gradstats
 from cbs_jax import model as model_lib
 from cbs_jax import objective
+from cbs_jax import rl
 from cbs_jax import scoring
 
 P, K, TP, TC, V = 3, 4, 4, 5, 12
@@ -59,7 +60,7 @@ def make_batch(graphdef, params, seed=0, on_policy=False):
 def cfgs(mode="token_mean", kl_beta=0.1, loss="ppo", algo="grpo"):
   c = config_lib.base_config()
   c.rl.aggregation, c.rl.kl_beta, c.rl.loss, c.rl.algo = mode, kl_beta, loss, algo
-  return c.rl, scoring.SamplingSpec.from_config(c.sampling)
+  return rl.RLSpec.from_config(c.rl), scoring.SamplingSpec.from_config(c.sampling)
 
 
 def fns(graphdef, rl_cfg, s_cfg, form="auto"):

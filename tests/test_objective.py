@@ -11,6 +11,7 @@ from cbs_jax import gradstats
 from cbs_jax import model as model_lib
 from cbs_jax import noise
 from cbs_jax import objective
+from cbs_jax import rl
 from cbs_jax import scoring
 
 P, K, TP, TC, V = 4, 4, 4, 5, 12
@@ -50,7 +51,7 @@ def make_batch(graphdef, params, seed=0):
 def cfgs(mode="token_mean", kl_beta=0.1, loss="ppo"):
   c = config_lib.base_config()
   c.rl.aggregation, c.rl.kl_beta, c.rl.loss = mode, kl_beta, loss
-  return c.rl, scoring.SamplingSpec.from_config(c.sampling)
+  return rl.RLSpec.from_config(c.rl), scoring.SamplingSpec.from_config(c.sampling)
 
 
 def test_grpo_loss_gradient_matches_central_finite_differences():
