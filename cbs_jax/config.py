@@ -5,7 +5,9 @@ few fields, so each field is defined and commented once, here. The returned
 ConfigDict is locked: a mistyped field (``--config.rl.clip_eps=...``) is an
 error from ml_collections that names it, and overrides are type-checked.
 ``validate`` checks ranges and consistency before anything compiles and
-raises ``ValueError`` naming the field and the bad value.
+raises ``ValueError`` naming the field and the bad value; the fields of
+``config.rl`` and ``config.sampling`` are checked by building their specs
+(``rl.RLSpec``, ``scoring.SamplingSpec``), which hold those checks.
 """
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ from cbs_jax import batch as batch_lib
 from cbs_jax import gradstats
 from cbs_jax import model as model_lib
 from cbs_jax import rl
+from cbs_jax import scoring
 from cbs_jax import sharding
 from cbs_jax import tasks
 
@@ -46,8 +49,7 @@ def base_config() -> ConfigDict:
   c.sampling.suppress_special = True  # never sample PAD/BOS inside a completion (the decoder
                                       # would skip them): the completion's support is the
                                       # task's alphabet plus EOS, as the exact eval assumes
-  c.sampling.suppress_ids = ()   # set by train.prepare from the tokenizer (PAD, BOS) when
-                                 # suppress_special; not a user setting
+                                      # (train.prepare puts their ids in setup.sampling)
 
   c.sft = ConfigDict()
   c.sft.steps = 300          # optimizer steps of next-token training on solutions
@@ -165,14 +167,9 @@ def base_config() -> ConfigDict:
 
 
 # choices come from the registries they select from, so they cannot drift
+# (config.rl's and config.sampling's fields: rl.RLSpec, scoring.SamplingSpec)
 _CHOICES = {
     "mode": ("rl", "sft"),
-    "rl.algo": ("grpo", "ppo"),
-    "rl.advantage": rl.ADVANTAGE_KINDS,
-    "rl.loss": tuple(rl.POLICY_LOSSES),
-    "rl.aggregation": rl.AGGREGATIONS,
-    "rl.kl_estimator": rl.KL_KINDS,
-    "rl.adv_std_ddof": (0, 1),
     "optim.lr_rule": batch_lib.LR_RULES,
     "batch.schedule": ("fixed", "adaptive"),
     "batch.adaptive_signal": batch_lib.SIGNALS,
@@ -185,13 +182,12 @@ _POSITIVE = ("sft.steps", "sft.batch_size", "batch.num_prompts",
              "noise.chunk_prompts", "batch.adaptive_min_prompts",
              "batch.adaptive_max_prompts", "batch.adaptive_factor", "batch.adaptive_every",
              "batch.adaptive_z")
-_NON_NEGATIVE = ("seed", "drift.probe_prompts", "sampling.top_k", "sampling.max_new_tokens",
+_NON_NEGATIVE = ("seed", "drift.probe_prompts", "sampling.max_new_tokens",
                  "sft.warmup_steps", "sft.eval_every", "batch.staleness",
                  "optim.warmup_steps", "optim.weight_decay", "optim.grad_clip",
                  "train.eval_every", "train.checkpoint_every",
                  "noise.split_every", "noise.exact_every", "noise.drift_every",
-                 "batch.adaptive_b_crit_ratio", "rl.kl_beta", "rl.vf_coef", "rl.value_clip",
-                 "rl.clip_c")
+                 "batch.adaptive_b_crit_ratio")
 
 
 def _get(c, dotted):
@@ -216,6 +212,9 @@ def validate(c: ConfigDict) -> None:
     v = _get(c, field)
     if v not in choices:
       raise ValueError(f"config.{field}={v!r} is not one of {list(choices)}")
+  # config.rl and config.sampling: their specs check every field on construction
+  rl.RLSpec.from_config(c.rl)
+  scoring.SamplingSpec.from_config(c.sampling)
   for field in _POSITIVE:
     v = _num(c, field)
     if isinstance(v, bool) or not v > 0:
@@ -224,9 +223,7 @@ def validate(c: ConfigDict) -> None:
     v = _num(c, field)
     if isinstance(v, bool) or not v >= 0:
       raise ValueError(f"config.{field} must be >= 0, got {v!r}")
-  for field in ("optim.lr", "sft.lr", "sampling.temperature",
-                "train.eval_temperature", "rl.clip_eps_low", "rl.clip_eps_high",
-                "optim.eps", "rl.adv_eps"):
+  for field in ("optim.lr", "sft.lr", "train.eval_temperature", "optim.eps"):
     v = _num(c, field)
     if not v > 0:
       raise ValueError(f"config.{field} must be > 0, got {v!r}")
@@ -236,16 +233,12 @@ def validate(c: ConfigDict) -> None:
   for field in ("train.stop_at_pass_rate", "train.stop_below_pass_rate"):
     if not 0.0 <= _num(c, field) <= 1.0:
       raise ValueError(f"config.{field} must be in [0, 1], got {_get(c, field)!r}")
-  if not 0.0 < _num(c, "sampling.top_p") <= 1.0:
-    raise ValueError(f"config.sampling.top_p must be in (0, 1], got {c.sampling.top_p!r}")
-  for field in ("optim.b1", "optim.b2", "rl.gamma", "rl.lam", "sft.label_noise"):
+  for field in ("optim.b1", "optim.b2", "sft.label_noise"):
     v = _num(c, field)
     if not 0.0 <= v <= 1.0:
       raise ValueError(f"config.{field} must be in [0, 1], got {v!r}")
   if not 0.0 <= _num(c, "noise.ema_decay") < 1.0:
     raise ValueError(f"config.noise.ema_decay must be in [0, 1), got {c.noise.ema_decay!r}")
-  if c.rl.clip_c and c.rl.clip_c <= 1.0:
-    raise ValueError(f"config.rl.clip_c must be > 1 when set (0 = off), got {c.rl.clip_c!r}")
   sizes = [_num(c, f"mesh.{a}") for a in sharding.MESH_AXES]
   for a, v in zip(sharding.MESH_AXES, sizes):
     if not isinstance(v, int) or not (v == -1 or v > 0):

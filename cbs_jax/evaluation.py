@@ -39,17 +39,15 @@ class ExpectedPass:
 
   Args:
     task, tok, problems, layout: the eval set and its encoding.
-    temperature, top_k, top_p: the eval sampler's processing.
-    suppress_ids: token ids the sampler never emits (see
-      ``scoring.process_logits``); must match the sampler's.
+    spec: the eval sampler's distribution (``scoring.SamplingSpec``); must
+      be the sampler's.
     chunk: rows per jitted scoring call (the last chunk is padded).
 
   Raises ValueError naming the task when it cannot enumerate its answers.
   """
 
   def __init__(self, task: Task, tok: Tokenizer, problems: Sequence[Problem],
-               layout: rollouts.Layout, temperature: float = 1.0, top_k: int = 0,
-               top_p: float = 1.0, suppress_ids: tuple = (), chunk: int = 1024):
+               layout: rollouts.Layout, spec: scoring.SamplingSpec, chunk: int = 1024):
     if not getattr(task, "enumerable", False):
       raise ValueError(f"task {task.name!r} cannot enumerate its accepted completions: "
                        "eval_expected_pass is unavailable (use the sampled pass rate, "
@@ -84,7 +82,7 @@ class ExpectedPass:
     self._prompt, self._pmask = prompt[rows], pmask[rows]
     self._comp, self._cmask, self.chunk = comp, cmask, chunk
     self._fn = jax.jit(lambda gd, p, pr, pm, c, cm: jnp.sum(scoring.score(
-        gd, p, pr, pm, c, cm, temperature, top_k, top_p, suppress_ids).logprobs, axis=-1),
+        gd, p, pr, pm, c, cm, spec).logprobs, axis=-1),
         static_argnums=(0,))
 
   def sequence_logprobs(self, graphdef, params) -> np.ndarray:

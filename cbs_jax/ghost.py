@@ -44,6 +44,7 @@ from flax import nnx
 
 from cbs_jax import noise
 from cbs_jax import objective
+from cbs_jax import rl
 from cbs_jax import scoring
 
 Array = jax.Array
@@ -61,7 +62,8 @@ def _tapped(graphdef, params, tokens, positions, mask, perturbations=None):
   return nnx.capture(fwd, nnx.Intermediate, init=perturbations)(m)
 
 
-def tap_gradients(params, graphdef, batch, rl_cfg, sampling_cfg):
+def tap_gradients(params, graphdef, batch, rl_spec: rl.RLSpec,
+                  sampling_spec: scoring.SamplingSpec):
   """One forward + backward of the batch loss with respect to the taps.
 
   Returns ``(tokens_BxT, dy, xs, loss)``: ``dy`` maps a parameter-use path
@@ -74,14 +76,12 @@ def tap_gradients(params, graphdef, batch, rl_cfg, sampling_cfg):
   shapes = jax.eval_shape(lambda p: _tapped(graphdef, p, tokens, positions, mask)[1], params)
   zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
   Tp = batch["prompt"].shape[1]
-  s = sampling_cfg
 
   def loss(pert):
     out, inter = _tapped(graphdef, params, tokens, positions, mask, pert)
     sc = scoring.score_from_output(out, Tp, batch["completion"], batch["completion_mask"],
-                                   s.temperature, s.top_k, s.top_p,
-                                   tuple(getattr(s, "suppress_ids", ())))
-    L_B, _ = objective.policy_losses(sc.logprobs, batch, counts, rl_cfg, sc.values)
+                                   sampling_spec)
+    L_B, _ = objective.policy_losses(sc.logprobs, batch, counts, rl_spec, sc.values)
     L = jnp.sum(L_B)
     return L, (inter, L)
 
@@ -197,8 +197,8 @@ def _group_sqnorms(uses, G: int, shape, form: str = "auto") -> Array:
 FORMS = ("auto", "gram", "materialize")
 
 
-def moments_and_grad(params, graphdef, batch, P: int, K: int, rl_cfg, sampling_cfg,
-                     form: str = "auto"):
+def moments_and_grad(params, graphdef, batch, P: int, K: int, rl_spec: rl.RLSpec,
+                     sampling_spec: scoring.SamplingSpec, form: str = "auto"):
   """``(GroupMoments, grad, loss)`` from one forward + backward: the moments
   of ``gradstats.group_moments`` (arrays with a leading per-leaf axis, leaves
   in ``jax.tree.leaves(params)`` order), the batch gradient (= mean of the
@@ -216,7 +216,7 @@ def moments_and_grad(params, graphdef, batch, P: int, K: int, rl_cfg, sampling_c
   if P * K != B:
     raise ValueError(f"P * K = {P} * {K} = {P * K} does not match the batch's {B} rollouts")
   N = P * K
-  tokens, dy, xs, loss = tap_gradients(params, graphdef, batch, rl_cfg, sampling_cfg)
+  tokens, dy, xs, loss = tap_gradients(params, graphdef, batch, rl_spec, sampling_spec)
   leaves, treedef = jax.tree.flatten(params)
   sq, msq, bsq, grads = [], [], [], []
   for path, leaf in zip(_param_paths(params), leaves):
@@ -232,8 +232,8 @@ def moments_and_grad(params, graphdef, batch, P: int, K: int, rl_cfg, sampling_c
   return moments, jax.tree.unflatten(treedef, grads), loss
 
 
-def group_moments(params, graphdef, batch, P: int, K: int, rl_cfg, sampling_cfg,
-                  form: str = "auto") -> noise.GroupMoments:
+def group_moments(params, graphdef, batch, P: int, K: int, rl_spec: rl.RLSpec,
+                  sampling_spec: scoring.SamplingSpec, form: str = "auto") -> noise.GroupMoments:
   """Exact per-rollout ``noise.GroupMoments`` (as ``gradstats.group_moments``,
   without a metric) from one forward + backward; see the module doc."""
-  return moments_and_grad(params, graphdef, batch, P, K, rl_cfg, sampling_cfg, form)[0]
+  return moments_and_grad(params, graphdef, batch, P, K, rl_spec, sampling_spec, form)[0]

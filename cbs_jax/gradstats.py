@@ -25,6 +25,8 @@ import optax
 from cbs_jax import ghost
 from cbs_jax import noise
 from cbs_jax import objective
+from cbs_jax import rl
+from cbs_jax import scoring
 
 Array = jax.Array
 
@@ -58,8 +60,9 @@ def _grid(x: Array, P: int, K: int, m: int, n: int) -> Array:
   return x.reshape((m, n, (P // m) * (K // n)) + rest)
 
 
-def _loss_sum(params, graphdef, batch, counts, rl_cfg, sampling_cfg):
-  return objective.batch_loss(params, graphdef, batch, counts, rl_cfg, sampling_cfg)
+def _loss_sum(params, graphdef, batch, counts, rl_spec: rl.RLSpec,
+              sampling_spec: scoring.SamplingSpec):
+  return objective.batch_loss(params, graphdef, batch, counts, rl_spec, sampling_spec)
 
 
 def adam_state(opt_state):
@@ -101,8 +104,8 @@ def grid_quarters(per_rollout, P: int, K: int, m: int = 2, n: int = 2):
   return jax.tree.map(lambda x: jnp.mean(_grid(x, P, K, m, n), axis=2), per_rollout)
 
 
-def split_grads(params, graphdef, batch, P: int, K: int, rl_cfg, sampling_cfg,
-                m: int = 2, n: int = 2, metric=None):
+def split_grads(params, graphdef, batch, P: int, K: int, rl_spec: rl.RLSpec,
+                sampling_spec: scoring.SamplingSpec, m: int = 2, n: int = 2, metric=None):
   """Gradient of the batch loss as an m x n microbatch grid.
 
   Returns ``(loss, grad, aux, moments)``: ``grad`` is exactly the batch
@@ -119,7 +122,7 @@ def split_grads(params, graphdef, batch, P: int, K: int, rl_cfg, sampling_cfg,
 
   def cell_grad(cell):
     (loss, aux), g = jax.value_and_grad(_loss_sum, has_aux=True)(
-        params, graphdef, cell, counts, rl_cfg, sampling_cfg)
+        params, graphdef, cell, counts, rl_spec, sampling_spec)
     return loss, jax.tree.map(lambda t: scale * t, g), aux
 
   cell_grad_n = jax.vmap(cell_grad)
@@ -141,12 +144,13 @@ def _leaf_split_moments(q, P, K):
   return jax.tree.map(lambda *xs: jnp.stack(xs), *per_leaf)
 
 
-def per_rollout_grad_fn(graphdef, counts, rl_cfg, sampling_cfg):
+def per_rollout_grad_fn(graphdef, counts, rl_spec: rl.RLSpec,
+                        sampling_spec: scoring.SamplingSpec):
   """``fn(params, rollouts) -> grads`` with a leading rollout axis: grad L_i of
   each rollout's loss term (under the update's global ``counts``), by vmap."""
   def one_loss(p, ex):
     ex1 = jax.tree.map(lambda x: x[None], ex)
-    L_B, _ = objective.rollout_losses(p, graphdef, ex1, counts, rl_cfg, sampling_cfg)
+    L_B, _ = objective.rollout_losses(p, graphdef, ex1, counts, rl_spec, sampling_spec)
     return L_B[0]
   return jax.vmap(jax.grad(one_loss), in_axes=(None, 0))
 
@@ -154,9 +158,9 @@ def per_rollout_grad_fn(graphdef, counts, rl_cfg, sampling_cfg):
 EXACT_METHODS = ("vmap", "ghost")
 
 
-def group_moments(params, graphdef, batch, P: int, K: int, rl_cfg, sampling_cfg,
-                  chunk_prompts: int, metric=None, prompt_groups=None, num_groups: int = 0,
-                  method: str = "vmap"):
+def group_moments(params, graphdef, batch, P: int, K: int, rl_spec: rl.RLSpec,
+                  sampling_spec: scoring.SamplingSpec, chunk_prompts: int, metric=None,
+                  prompt_groups=None, num_groups: int = 0, method: str = "vmap"):
   """Exact per-rollout moments, streamed over chunks of ``chunk_prompts``.
 
   ``method``: "vmap" forms each chunk's per-rollout gradients with
@@ -183,14 +187,14 @@ def group_moments(params, graphdef, batch, P: int, K: int, rl_cfg, sampling_cfg,
     if metric is not None or prompt_groups is not None:
       raise ValueError("method='ghost' computes raw-gradient moments only: a metric or "
                        "prompt_groups needs method='vmap'")
-    return ghost.group_moments(params, graphdef, batch, P, K, rl_cfg, sampling_cfg)
+    return ghost.group_moments(params, graphdef, batch, P, K, rl_spec, sampling_spec)
   if P % chunk_prompts:
     raise ValueError(f"chunk_prompts={chunk_prompts} does not divide P={P}")
   counts = objective.counts_of(batch)
   N = P * K
   C = chunk_prompts
 
-  per_rollout_grad = per_rollout_grad_fn(graphdef, counts, rl_cfg, sampling_cfg)
+  per_rollout_grad = per_rollout_grad_fn(graphdef, counts, rl_spec, sampling_spec)
   chunks = jax.tree.map(lambda x: x.reshape((P // C, C * K) + x.shape[1:]), batch)
 
   def chunk_stats(chunk):

@@ -49,6 +49,7 @@ from ml_collections import config_flags
 from cbs_jax import checkpoint as ckpt_lib
 from cbs_jax import gradstats
 from cbs_jax import noise
+from cbs_jax import rl
 from cbs_jax import train
 
 ROUND_OFFSET = 1_000_000  # measurement batches use rounds >= this: disjoint from training
@@ -101,13 +102,14 @@ def measure(config, graphdef, params, setup, P: int, K: int, M: int,
   if M < 2:
     raise ValueError(f"batches={M}: pooling needs at least 2 batches")
   c = measurement_config(config, P, K, aggregation)
+  setup = dataclasses.replace(setup, rl=rl.RLSpec.from_config(c.rl))  # the measurement's
   chunk_prompts = math.gcd(chunk_prompts, P)  # a speed/memory knob: any divisor of P
   groups = 1 + max(p.difficulty for p in setup.eval_problems) if by_difficulty else 0
   exact_fn = jax.jit(functools.partial(
-      gradstats.group_moments, graphdef=graphdef, P=P, K=K, rl_cfg=c.rl,
-      sampling_cfg=c.sampling, chunk_prompts=chunk_prompts, num_groups=groups))
+      gradstats.group_moments, graphdef=graphdef, P=P, K=K, rl_spec=setup.rl,
+      sampling_spec=setup.sampling, chunk_prompts=chunk_prompts, num_groups=groups))
   split_fn = jax.jit(lambda p, b: gradstats.split_grads(
-      p, graphdef, b, P, K, c.rl, c.sampling)[3])
+      p, graphdef, b, P, K, setup.rl, setup.sampling)[3])
   metric = None if opt_state is None else gradstats.adam_metric(
       opt_state, config.optim.b2, config.optim.eps)
   if metric is not None and int(jax.device_get(gradstats.adam_state(opt_state).count)) == 0:

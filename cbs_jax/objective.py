@@ -48,56 +48,54 @@ def counts_of(batch) -> Counts:
                 jnp.asarray(m.shape[1], jnp.float32))
 
 
-def policy_losses(logp_BxT, batch, counts: Counts, rl_cfg, values_BxT=None):
+def policy_losses(logp_BxT, batch, counts: Counts, rl_spec: rl.RLSpec, values_BxT=None):
   """Per-rollout loss terms ``L_B`` from per-token log-probs (no model).
 
   ``batch`` needs ``completion_mask``, ``adv`` and ``logp_old``; optional
   fields: ``on_policy`` (bool [B]: old log-probs taken from ``logp_BxT``
   itself, stop-gradient, so ratios are exactly 1), ``logp_ref`` (only when
-  ``rl_cfg.kl_beta``), ``returns`` and ``old_values`` (only for PPO's value
-  loss, when ``values_BxT`` is given and ``rl_cfg.algo == "ppo"``).
-  ``rl_cfg`` is ``config.rl`` (or any object with its fields). Returns
-  ``(L_B, aux)`` with the policy loss's per-token aux plus ``logp_old``.
+  ``rl_spec.kl_beta``), ``returns`` and ``old_values`` (only for PPO's value
+  loss, when ``values_BxT`` is given and ``rl_spec.algo == "ppo"``).
+  Returns ``(L_B, aux)`` with the policy loss's per-token aux plus ``logp_old``.
   """
   mask = batch["completion_mask"]
   logp_old = batch["logp_old"]
   if "on_policy" in batch:
     logp_old = jnp.where(batch["on_policy"][:, None], jax.lax.stop_gradient(logp_BxT),
                          logp_old)
-  loss_BxT, aux = rl.policy_loss(rl_cfg.loss, logp_BxT, logp_old, batch["adv"], mask,
-                                 rl_cfg)
-  if rl_cfg.kl_beta:
-    loss_BxT = loss_BxT + rl_cfg.kl_beta * mask * rl.kl_penalty(
-        logp_BxT, batch["logp_ref"], rl_cfg.kl_estimator)
-  w_BxT = rl.aggregation_weights(mask, rl_cfg.aggregation, counts.num_seqs,
+  loss_BxT, aux = rl.policy_loss(rl_spec.loss, logp_BxT, logp_old, batch["adv"], mask,
+                                 rl_spec)
+  if rl_spec.kl_beta:
+    loss_BxT = loss_BxT + rl_spec.kl_beta * mask * rl.kl_penalty(
+        logp_BxT, batch["logp_ref"], rl_spec.kl_estimator)
+  w_BxT = rl.aggregation_weights(mask, rl_spec.aggregation, counts.num_seqs,
                                  counts.num_tokens, counts.max_len)
   L_B = jnp.sum(w_BxT * loss_BxT, axis=-1)
-  if values_BxT is not None and rl_cfg.algo == "ppo":
+  if values_BxT is not None and rl_spec.algo == "ppo":
     vl = rl.value_loss(values_BxT, batch["returns"], mask, batch["old_values"],
-                       rl_cfg.value_clip or None)
-    L_B = L_B + rl_cfg.vf_coef * jnp.sum(w_BxT * vl, axis=-1)
+                       rl_spec.value_clip or None)
+    L_B = L_B + rl_spec.vf_coef * jnp.sum(w_BxT * vl, axis=-1)
   return L_B, dict(aux, logp_old=logp_old)
 
 
-def rollout_losses(params, graphdef, batch, counts: Counts, rl_cfg, sampling_cfg):
+def rollout_losses(params, graphdef, batch, counts: Counts, rl_spec: rl.RLSpec,
+                   sampling_spec: scoring.SamplingSpec):
   """Per-rollout loss contributions ``L_B`` (sum = batch loss) and per-token aux.
 
-  Scores the completions by teacher forcing and applies ``policy_losses``.
-  ``rl_cfg`` is ``config.rl``; ``sampling_cfg`` is ``config.sampling`` (the
-  processing the behaviour log-probs were taken under, so that on-policy
-  ratios are exactly 1).
+  Scores the completions by teacher forcing and applies ``policy_losses``
+  (settings ``rl_spec``); ``sampling_spec`` is the distribution the
+  behaviour log-probs were taken under (so that on-policy ratios are exactly 1).
   """
   mask = batch["completion_mask"]
   sc = scoring.score(graphdef, params, batch["prompt"], batch["prompt_mask"],
-                     batch["completion"], mask, sampling_cfg.temperature,
-                     sampling_cfg.top_k, sampling_cfg.top_p,
-                     tuple(getattr(sampling_cfg, "suppress_ids", ())))
-  L_B, aux = policy_losses(sc.logprobs, batch, counts, rl_cfg, sc.values)
+                     batch["completion"], mask, sampling_spec)
+  L_B, aux = policy_losses(sc.logprobs, batch, counts, rl_spec, sc.values)
   aux = dict(aux, logp=sc.logprobs, entropy=rl.entropy_from_logits(sc.logits) * mask)
   return L_B, aux
 
 
-def batch_loss(params, graphdef, batch, counts: Counts, rl_cfg, sampling_cfg):
+def batch_loss(params, graphdef, batch, counts: Counts, rl_spec: rl.RLSpec,
+               sampling_spec: scoring.SamplingSpec):
   """Scalar loss (sum of ``rollout_losses``) and aux, for ``jax.grad``."""
-  L_B, aux = rollout_losses(params, graphdef, batch, counts, rl_cfg, sampling_cfg)
+  L_B, aux = rollout_losses(params, graphdef, batch, counts, rl_spec, sampling_spec)
   return jnp.sum(L_B), aux

@@ -12,6 +12,8 @@ registries so that configs select them by name:
   is exact.
 * ``kl_penalty``, ``entropy_from_logits``.
 * PPO critic pieces: ``terminal_rewards_to_tokens``, ``gae``, ``value_loss``.
+* ``RLSpec`` -- every setting of ``config.rl`` as one frozen, hashable,
+  validated value; the losses and ``token_advantages`` read it.
 
 Conventions
 -----------
@@ -28,7 +30,8 @@ Conventions
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable
+import numbers
+from typing import Callable
 
 import jax
 import jax.numpy as jnp
@@ -162,61 +165,19 @@ def sequence_to_tokens(adv_seq, mask_BxT) -> Array:
 # Policy losses
 # ---------------------------------------------------------------------------
 
-@dataclasses.dataclass(frozen=True)
-class LossConfig:
-  """Clip parameters read by the policy losses (any object with these
-  attributes works, e.g. an ``ml_collections.ConfigDict``).
-
-  Attributes:
-    clip_eps_low: lower clip, ratio floor ``1 - clip_eps_low``; a value >= 1
-      puts the floor at or below 0, where no (positive) ratio reaches it: no
-      lower clip, so ``clip_eps_low = clip_eps_high = 10`` is PPO with
-      effectively no clipping in either direction.
-    clip_eps_high: upper clip, ratio ceiling ``1 + clip_eps_high`` (DAPO's
-      "clip-higher" sets it above clip_eps_low).  GSPO clips the SEQUENCE
-      ratio and uses much smaller values (e.g. 3e-4 / 4e-4).
-    clip_c: dual-clip constant (Ye et al. 2020) for PPO; None or 0 = off;
-      must be > 1 when on.
-  """
-  clip_eps_low: float = 0.2
-  clip_eps_high: float = 0.2
-  clip_c: float | None = None
-
-  def __post_init__(self):
-    if not self.clip_eps_low >= 0.0:
-      raise ValueError(f"clip_eps_low must be >= 0, got {self.clip_eps_low}")
-    if self.clip_eps_high < 0.0:
-      raise ValueError(f"clip_eps_high must be >= 0, got {self.clip_eps_high}")
-    if self.clip_c and self.clip_c <= 1.0:
-      raise ValueError(f"clip_c (dual clip) must be > 1 when set, got {self.clip_c}")
-
-
-def _clip_params(cfg: Any) -> tuple[float, float, float | None]:
-  """Read (eps_low, eps_high, clip_c) with LossConfig defaults (clip_c 0 = off).
-
-  Values are checked once where they are set -- ``LossConfig`` on
-  construction, ``config.validate`` for a run's config -- not at trace time.
-  """
-  default = LossConfig()
-  cfg = default if cfg is None else cfg
-  lo = float(getattr(cfg, "clip_eps_low", default.clip_eps_low))
-  hi = float(getattr(cfg, "clip_eps_high", default.clip_eps_high))
-  c = getattr(cfg, "clip_c", default.clip_c)
-  return lo, hi, (float(c) if c else None)
-
-
 def _masked_log_ratio(logp_BxT, logp_old_BxT, mask_BxT) -> Array:
   """``logp - sg(logp_old)`` on valid tokens, exactly 0 on padding."""
   valid = mask_BxT > 0
   return jnp.where(valid, logp_BxT - sg(logp_old_BxT), 0.0)
 
 
-def ppo_loss(logp_BxT, logp_old_BxT, adv_BxT, mask_BxT, cfg=None):
+def ppo_loss(logp_BxT, logp_old_BxT, adv_BxT, mask_BxT, spec: RLSpec):
   """PPO clipped surrogate (Schulman et al. 2017), optional dual clip.
 
   Objective per token ``min(r A, clip(r, 1-eps_low, 1+eps_high) A)`` with
-  ``r = exp(logp - sg(logp_old))``; loss = -objective.  Dual clip
-  (``cfg.clip_c = c > 1``, Ye et al. 2020): for A < 0 the objective becomes
+  ``r = exp(logp - sg(logp_old))`` and the clip range of ``spec``
+  (``clip_eps_low``, ``clip_eps_high``); loss = -objective.  Dual clip
+  (``spec.clip_c = c > 1``, Ye et al. 2020): for A < 0 the objective becomes
   ``max(min(...), c A)``, i.e. it is floored at ``c A`` once ``r > c``.
 
   Implemented with explicit clip indicators instead of ``jnp.minimum`` (same
@@ -231,7 +192,7 @@ def ppo_loss(logp_BxT, logp_old_BxT, adv_BxT, mask_BxT, cfg=None):
   float 0/1 masked indicators ``clipped_low_BxT``, ``clipped_high_BxT``,
   ``dual_clipped_BxT`` and ``clipped_BxT`` (any of them).
   """
-  lo, hi, c = _clip_params(cfg)
+  lo, hi, c = spec.clip_eps_low, spec.clip_eps_high, spec.clip_c
   mask = mask_BxT.astype(logp_BxT.dtype)
   adv = sg(adv_BxT)
   ratio = jnp.exp(_masked_log_ratio(logp_BxT, logp_old_BxT, mask))
@@ -240,7 +201,7 @@ def ppo_loss(logp_BxT, logp_old_BxT, adv_BxT, mask_BxT, cfg=None):
   clipped_low = (adv < 0) & (r_val < 1.0 - lo) & (mask > 0)
   obj = jnp.where(clipped_high, (1.0 + hi) * adv,
                   jnp.where(clipped_low, (1.0 - lo) * adv, ratio * adv))
-  if c is not None:
+  if c:
     dual = (adv < 0) & (r_val > c) & (mask > 0)
     obj = jnp.where(dual, c * adv, obj)
   else:
@@ -257,7 +218,7 @@ def ppo_loss(logp_BxT, logp_old_BxT, adv_BxT, mask_BxT, cfg=None):
   return loss, aux
 
 
-def cispo_loss(logp_BxT, logp_old_BxT, adv_BxT, mask_BxT, cfg=None):
+def cispo_loss(logp_BxT, logp_old_BxT, adv_BxT, mask_BxT, spec: RLSpec):
   """CISPO (MiniMax-M1, 2025): ``-sg(clip(r, 1-eps_low, 1+eps_high)) A logp``.
 
   The IS weight is clipped and stop-gradiented; the gradient
@@ -275,7 +236,7 @@ def cispo_loss(logp_BxT, logp_old_BxT, adv_BxT, mask_BxT, cfg=None):
   sign of A, since CISPO truncates the weight irrespective of the sign;
   ``weight_BxT`` the clipped weight.  clip_c is ignored.
   """
-  lo, hi, _ = _clip_params(cfg)
+  lo, hi = spec.clip_eps_low, spec.clip_eps_high
   mask = mask_BxT.astype(logp_BxT.dtype)
   adv = sg(adv_BxT)
   ratio = jnp.exp(_masked_log_ratio(logp_BxT, logp_old_BxT, mask))
@@ -293,13 +254,13 @@ def cispo_loss(logp_BxT, logp_old_BxT, adv_BxT, mask_BxT, cfg=None):
   return loss, aux
 
 
-def pg_loss(logp_BxT, logp_old_BxT, adv_BxT, mask_BxT, cfg=None):
+def pg_loss(logp_BxT, logp_old_BxT, adv_BxT, mask_BxT, spec: RLSpec):
   """Plain importance-weighted policy gradient: loss ``-r A`` (no clipping).
 
   Gradient ``-r A dlogp``; on-policy (r = 1) this is REINFORCE with
-  advantage A.  aux clip indicators are all zero; cfg is ignored.
+  advantage A.  aux clip indicators are all zero; ``spec`` is unused.
   """
-  del cfg
+  del spec
   mask = mask_BxT.astype(logp_BxT.dtype)
   adv = sg(adv_BxT)
   ratio = jnp.exp(_masked_log_ratio(logp_BxT, logp_old_BxT, mask))
@@ -309,7 +270,7 @@ def pg_loss(logp_BxT, logp_old_BxT, adv_BxT, mask_BxT, cfg=None):
                 "clipped_high_BxT": zeros}
 
 
-def gspo_loss(logp_BxT, logp_old_BxT, adv_BxT, mask_BxT, cfg=None):
+def gspo_loss(logp_BxT, logp_old_BxT, adv_BxT, mask_BxT, spec: RLSpec):
   """GSPO-token (Zheng et al. 2025), sequence-level clipped ratio.
 
   Sequence ratio ``s_i = exp(sum_t m (logp - logp_old) / len_i)`` (length-
@@ -327,7 +288,7 @@ def gspo_loss(logp_BxT, logp_old_BxT, adv_BxT, mask_BxT, cfg=None):
   ``token_ratio_BxT`` the per-token ratio, clip indicators (per token,
   constant over a sequence if A is).
   """
-  lo, hi, _ = _clip_params(cfg)
+  lo, hi = spec.clip_eps_low, spec.clip_eps_high
   mask = mask_BxT.astype(logp_BxT.dtype)
   adv = sg(adv_BxT)
   log_ratio = _masked_log_ratio(logp_BxT, logp_old_BxT, mask)
@@ -360,13 +321,13 @@ POLICY_LOSSES: dict[str, Callable[..., tuple[Array, dict]]] = {
 }
 
 
-def policy_loss(name: str, logp_BxT, logp_old_BxT, adv_BxT, mask_BxT,
-                cfg=None):
-  """Dispatch to ``POLICY_LOSSES[name]``; ValueError on an unknown name."""
+def policy_loss(name: str, logp_BxT, logp_old_BxT, adv_BxT, mask_BxT, spec: RLSpec):
+  """Dispatch to ``POLICY_LOSSES[name]`` (clip range from ``spec``); ValueError
+  on an unknown name."""
   if name not in POLICY_LOSSES:
     raise ValueError(
         f"unknown policy loss {name!r}; known: {sorted(POLICY_LOSSES)}")
-  return POLICY_LOSSES[name](logp_BxT, logp_old_BxT, adv_BxT, mask_BxT, cfg)
+  return POLICY_LOSSES[name](logp_BxT, logp_old_BxT, adv_BxT, mask_BxT, spec)
 
 
 # ---------------------------------------------------------------------------
@@ -563,19 +524,109 @@ def gae_advantages(rewards_PxK, mask_BxT, values_BxT, gamma: float, lam: float,
 ADVANTAGE_KINDS = tuple(ADVANTAGES) + ("gae",)
 
 
-def token_advantages(cfg, rewards_PxK, mask_BxT, values_BxT=None):
-  """Advantages on tokens for the estimator ``cfg.advantage`` (``config.rl``).
+def token_advantages(spec: RLSpec, rewards_PxK, mask_BxT, values_BxT=None):
+  """Advantages on tokens for the estimator ``spec.advantage``.
 
   Group estimators (``ADVANTAGES``) give one value per rollout, broadcast
   over its valid tokens, with zero returns; ``"gae"`` needs the critic's
   ``values_BxT``. Returns ``(adv_BxT, returns_BxT)``, both 0 on padding.
   """
   mask = jnp.asarray(mask_BxT)
-  if cfg.advantage == "gae":
+  if spec.advantage == "gae":
     if values_BxT is None:
       raise ValueError("advantage 'gae' needs critic values (a model with a value head)")
-    return gae_advantages(rewards_PxK, mask, values_BxT, cfg.gamma, cfg.lam,
-                          getattr(cfg, "adv_whiten", True))
-  adv = compute_advantages(cfg.advantage, rewards_PxK, cfg.adv_eps,
-                           getattr(cfg, "adv_std_ddof", 0))
+    return gae_advantages(rewards_PxK, mask, values_BxT, spec.gamma, spec.lam,
+                          spec.adv_whiten)
+  adv = compute_advantages(spec.advantage, rewards_PxK, spec.adv_eps, spec.adv_std_ddof)
   return sequence_to_tokens(adv, mask), jnp.zeros(mask.shape, jnp.float32)
+
+
+# ---------------------------------------------------------------------------
+# Settings: config.rl as one validated, hashable value
+# ---------------------------------------------------------------------------
+
+ALGOS = ("grpo", "ppo")  # grpo: group advantages; ppo: value head + GAE
+
+# choices of each RLSpec field that selects from a registry (config.validate's
+# error names the field and lists them)
+_CHOICES = (("algo", ALGOS), ("advantage", ADVANTAGE_KINDS), ("loss", tuple(POLICY_LOSSES)),
+            ("aggregation", AGGREGATIONS), ("kl_estimator", KL_KINDS),
+            ("adv_std_ddof", (0, 1)))
+_NON_NEGATIVE = ("kl_beta", "vf_coef", "value_clip", "clip_c")
+_POSITIVE = ("clip_eps_low", "clip_eps_high", "adv_eps")
+_UNIT = ("gamma", "lam")
+_FLOATS = ("adv_eps", "clip_eps_low", "clip_eps_high", "clip_c", "kl_beta", "gamma", "lam",
+           "vf_coef", "value_clip")
+
+
+def _number(field: str, v):
+  """``v`` when it is a number (not a bool); else the error config.validate gives."""
+  if isinstance(v, bool) or not isinstance(v, numbers.Real):
+    raise ValueError(f"config.rl.{field} must be a number, got {v!r}")
+  return v
+
+
+@dataclasses.dataclass(frozen=True)
+class RLSpec:
+  """Every setting of ``config.rl`` (``config.base_config`` comments each):
+  the algorithm, advantage estimator, policy loss, aggregation, KL penalty
+  and PPO critic. Frozen and hashable (a static jit argument); checked on
+  construction with ``config.validate``'s messages (``config.validate``
+  builds one to check ``config.rl``), numbers normalised to float (int for
+  ``adv_std_ddof``). Defaults are ``config.base_config().rl``'s.
+
+  The clip range as the losses read it: ``clip_eps_low`` puts the ratio
+  floor at ``1 - clip_eps_low`` (a value >= 1 puts it at or below 0, where
+  no positive ratio reaches it: no lower clip, so ``clip_eps_low =
+  clip_eps_high = 10`` is PPO with effectively no clipping);
+  ``clip_eps_high`` the ceiling ``1 + clip_eps_high`` (DAPO's clip-higher
+  sets it above clip_eps_low; GSPO clips the SEQUENCE ratio with much
+  smaller values, e.g. 3e-4 / 4e-4); ``clip_c`` PPO's dual-clip constant (Ye
+  et al. 2020), 0 = off, > 1 when on.
+  """
+  algo: str = "grpo"
+  advantage: str = "grpo"
+  adv_eps: float = 1e-6
+  adv_std_ddof: int = 0
+  adv_whiten: bool = True
+  loss: str = "ppo"
+  clip_eps_low: float = 0.2
+  clip_eps_high: float = 0.2
+  clip_c: float = 0.0
+  aggregation: str = "token_mean"
+  kl_beta: float = 0.0
+  kl_estimator: str = "k3"
+  gamma: float = 1.0
+  lam: float = 0.95
+  vf_coef: float = 0.5
+  value_clip: float = 0.0
+
+  def __post_init__(self):
+    for field, choices in _CHOICES:
+      v = getattr(self, field)
+      if v not in choices:
+        raise ValueError(f"config.rl.{field}={v!r} is not one of {list(choices)}")
+    for field in _NON_NEGATIVE:
+      v = _number(field, getattr(self, field))
+      if not v >= 0:
+        raise ValueError(f"config.rl.{field} must be >= 0, got {v!r}")
+    for field in _POSITIVE:
+      v = _number(field, getattr(self, field))
+      if not v > 0:
+        raise ValueError(f"config.rl.{field} must be > 0, got {v!r}")
+    for field in _UNIT:
+      v = _number(field, getattr(self, field))
+      if not 0.0 <= v <= 1.0:
+        raise ValueError(f"config.rl.{field} must be in [0, 1], got {v!r}")
+    if self.clip_c and self.clip_c <= 1.0:
+      raise ValueError(f"config.rl.clip_c must be > 1 when set (0 = off), got {self.clip_c!r}")
+    if not isinstance(self.adv_whiten, bool):
+      raise ValueError(f"config.rl.adv_whiten must be True or False, got {self.adv_whiten!r}")
+    for field in _FLOATS:
+      object.__setattr__(self, field, float(getattr(self, field)))
+    object.__setattr__(self, "adv_std_ddof", int(self.adv_std_ddof))
+
+  @classmethod
+  def from_config(cls, rl_cfg) -> "RLSpec":
+    """The spec of ``config.rl`` (every field; ValueError naming a bad one)."""
+    return cls(**{f.name: rl_cfg[f.name] for f in dataclasses.fields(cls)})

@@ -14,6 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from cbs_jax import sampling
+from cbs_jax import scoring
 from cbs_jax import sharding
 from cbs_jax.tasks import Problem, Task, Tokenizer
 
@@ -61,10 +62,9 @@ def verify(task: Task, problems: Sequence[Problem], texts: Sequence[str]) -> np.
 
 
 def rollout(graphdef, params, task: Task, tok: Tokenizer, problems: Sequence[Problem],
-            K: int, key, layout: Layout, temperature: float = 1.0, top_k: int = 0,
-            top_p: float = 1.0, mesh=None, suppress_ids: Sequence[int] = ()) -> dict:
-  """K samples for each problem, prompt-major (rollout b = p*K + k).
-  ``suppress_ids``: token ids the sampler never emits (PAD, BOS).
+            K: int, key, layout: Layout, spec: scoring.SamplingSpec, mesh=None) -> dict:
+  """K samples for each problem, prompt-major (rollout b = p*K + k), from the
+  distribution ``spec``.
 
   Returns a dict with the batch arrays (``prompt``, ``prompt_mask``,
   ``completion``, ``completion_mask``, ``logp_old``), ``rewards`` [P, K]
@@ -79,8 +79,7 @@ def rollout(graphdef, params, task: Task, tok: Tokenizer, problems: Sequence[Pro
     prompt, pmask = placed["prompt"], placed["pmask"]
   out = sampling.generate(graphdef, params, prompt, pmask, key,
                           max_new_tokens=layout.completion_len, eos_id=tok.eos_id,
-                          pad_id=tok.pad_id, temperature=temperature, top_k=top_k,
-                          top_p=top_p, suppress_ids=suppress_ids)
+                          pad_id=tok.pad_id, spec=spec)
   texts = decode(tok, out.tokens)
   rewards = verify(task, [p for p in problems for _ in range(K)], texts)
   return dict(prompt=jnp.asarray(prompt), prompt_mask=jnp.asarray(pmask, bool),
@@ -90,16 +89,14 @@ def rollout(graphdef, params, task: Task, tok: Tokenizer, problems: Sequence[Pro
 
 
 def pass_rate(graphdef, params, task: Task, tok: Tokenizer, problems: Sequence[Problem],
-              key, layout: Layout, temperature: float = 1.0, batch: int = 512,
-              suppress_ids: Sequence[int] = ()) -> dict:
-  """pass@1 (one sample per problem) overall and per difficulty bucket."""
+              key, layout: Layout, spec: scoring.SamplingSpec, batch: int = 512) -> dict:
+  """pass@1 (one sample per problem from ``spec``) overall and per difficulty bucket."""
   rewards = []
   for i in range(0, len(problems), batch):
     chunk = problems[i:i + batch]
     pad = batch - len(chunk) if len(problems) > batch else 0  # keep one shape
     r = rollout(graphdef, params, task, tok, list(chunk) + [chunk[-1]] * pad, 1,
-                jax.random.fold_in(key, i), layout, temperature,
-                suppress_ids=suppress_ids)["rewards"][:, 0]
+                jax.random.fold_in(key, i), layout, spec)["rewards"][:, 0]
     rewards.append(r[:len(chunk)])
   rewards = np.concatenate(rewards)
   diff = np.array([p.difficulty for p in problems])

@@ -26,9 +26,9 @@ sampled without a forward over it.
 Tokens are drawn by inverse-CDF sampling (``sample_tokens``: one uniform per
 row, not one per vocabulary entry as Gumbel-max needs), exactly from the
 processed distribution. The log-probs returned are those of the distribution
-actually sampled from (temperature, top-k and top-p applied): the behaviour
-log-probs GRPO's importance ratios need. ``scoring.score`` recomputes the same
-quantity by teacher forcing.
+actually sampled from (``scoring.SamplingSpec``: temperature, top-k, top-p
+and suppressed ids applied): the behaviour log-probs GRPO's importance ratios
+need. ``scoring.score`` recomputes the same quantity by teacher forcing.
 """
 from __future__ import annotations
 
@@ -41,7 +41,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from cbs_jax import model as model_lib
-from cbs_jax.scoring import positions_from_mask, process_logits
+from cbs_jax.scoring import SamplingSpec, positions_from_mask, process_logits
 
 Array = jax.Array
 
@@ -67,15 +67,12 @@ def left_pad(seqs: Sequence[Sequence[int]], length: int, pad_id: int):
   return toks, mask
 
 
-def check_sampling_args(max_new_tokens, temperature, top_k, top_p):
+def check_sampling_args(max_new_tokens, spec):
+  """The checks a ``SamplingSpec`` does not make itself (it is valid once built)."""
   if not isinstance(max_new_tokens, (int, np.integer)) or max_new_tokens <= 0:
     raise ValueError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
-  if not temperature > 0:
-    raise ValueError(f"temperature must be > 0, got {temperature!r}")
-  if not isinstance(top_k, (int, np.integer)) or top_k < 0:
-    raise ValueError(f"top_k must be an integer >= 0 (0 = off), got {top_k!r}")
-  if not 0.0 < top_p <= 1.0:
-    raise ValueError(f"top_p must be in (0, 1], got {top_p!r}")
+  if not isinstance(spec, SamplingSpec):
+    raise TypeError(f"spec must be a scoring.SamplingSpec, got {spec!r}")
 
 
 def _check_tokens(name: str, tokens, vocab_size: int):
@@ -141,15 +138,14 @@ def _config(graphdef, params):
 
 
 def generate(graphdef, params, prompt_BxTp, prompt_mask_BxTp, key, *,
-             max_new_tokens: int, eos_id: int | None, pad_id: int,
-             temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
-             suppress_ids: Sequence[int] = (), decode_segments: int = 0) -> SampleOutput:
-  """Sample completions for a batch of left-padded prompts (see module doc).
+             max_new_tokens: int, eos_id: int | None, pad_id: int, spec: SamplingSpec,
+             decode_segments: int = 0) -> SampleOutput:
+  """Sample completions for a batch of left-padded prompts (see module doc)
+  from the distribution ``spec`` (``scoring.process_logits``).
 
   ``eos_id=None``: no early stop, every row samples ``max_new_tokens`` tokens.
-  ``suppress_ids``: token ids never sampled (``scoring.process_logits``).
   ``decode_segments``: number of KV-cache length buckets (``segment_bounds``; 0 = automatic)."""
-  check_sampling_args(max_new_tokens, temperature, top_k, top_p)
+  check_sampling_args(max_new_tokens, spec)
   cfg = _config(graphdef, params)
   _check_tokens("prompt_BxTp", prompt_BxTp, cfg["vocab_size"])
   for name, v in (("eos_id", eos_id), ("pad_id", pad_id)):
@@ -172,15 +168,13 @@ def generate(graphdef, params, prompt_BxTp, prompt_mask_BxTp, key, *,
     raise ValueError(f"prompt length {Tp} + max_new_tokens {max_new_tokens} "
                      f"exceeds the KV cache (model.max_len={cfg['max_len']})")
   sampler = make_sampler(graphdef, max_new_tokens=int(max_new_tokens), eos_id=eos_id,
-                         pad_id=pad_id, temperature=temperature, top_k=top_k, top_p=top_p,
-                         suppress_ids=suppress_ids, decode_segments=decode_segments)
+                         pad_id=pad_id, spec=spec, decode_segments=decode_segments)
   return sampler(params, jnp.asarray(prompt_BxTp, jnp.int32),
                  jnp.asarray(prompt_mask_BxTp, bool), key)
 
 
 def make_sampler(graphdef, *, max_new_tokens: int, eos_id: int | None, pad_id: int,
-                 temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
-                 suppress_ids: Sequence[int] = (), decode_segments: int = 0):
+                 spec: SamplingSpec, decode_segments: int = 0):
   """The jitted sampler ``fn(params, prompt_BxTp, prompt_mask_BxTp, key) ->
   SampleOutput`` (arguments as ``generate``'s; int32 prompt, bool mask). No
   argument checks and no host work per call beyond jit's dispatch: the entry
@@ -188,19 +182,16 @@ def make_sampler(graphdef, *, max_new_tokens: int, eos_id: int | None, pad_id: i
   (graphdef, settings)."""
   return _make_sampler(graphdef, int(max_new_tokens),
                        None if eos_id is None else operator.index(eos_id),
-                       operator.index(pad_id),
-                       float(temperature), int(top_k), float(top_p),
-                       tuple(int(i) for i in suppress_ids),
+                       operator.index(pad_id), spec,
                        segment_bounds(int(max_new_tokens), decode_segments))
 
 
 @functools.lru_cache(maxsize=64)
-def _make_sampler(graphdef, max_new_tokens, eos_id, pad_id, temperature, top_k, top_p,
-                  suppress_ids, bounds):
+def _make_sampler(graphdef, max_new_tokens, eos_id, pad_id, spec, bounds):
   Tc = max_new_tokens
 
   def process(logits):
-    return process_logits(logits, temperature, top_k, top_p, suppress_ids)
+    return process_logits(logits, spec)
 
   def sampler(params, prompt, prompt_mask, key):
     cfg = model_lib.config_of(graphdef, params)  # trace time only

@@ -28,7 +28,7 @@ from cbs_jax import scoring
 
 def sft_loss(params, graphdef, batch):
   sc = scoring.score(graphdef, params, batch["prompt"], batch["prompt_mask"],
-                      batch["completion"], batch["completion_mask"])
+                      batch["completion"], batch["completion_mask"], scoring.SamplingSpec())
   m = batch["completion_mask"]
   return -jnp.sum(sc.logprobs) / jnp.maximum(jnp.sum(m), 1.0)
 
@@ -56,8 +56,10 @@ def make_batch(tok, problems, layout):
   return dict(prompt=prompt, prompt_mask=pmask, completion=comp, completion_mask=cmask)
 
 
-def train_sft(config, workdir: str, task, tok, layout, eval_problems):
-  """Train (or resume, or load when finished) the SFT base in ``workdir``.
+def train_sft(config, workdir: str, task, tok, layout, eval_problems,
+              eval_spec: scoring.SamplingSpec):
+  """Train (or resume, or load when finished) the SFT base in ``workdir``;
+  the held-out pass@1 is sampled from ``eval_spec`` (the RL run's eval sampler).
 
   Returns ``(graphdef, params, summary)``.
   """
@@ -87,8 +89,7 @@ def train_sft(config, workdir: str, task, tok, layout, eval_problems):
   writer = metrics_lib.MetricsWriter(workdir, resume_round=start, key="step")
   eval_key = jax.random.key(config.train.eval_seed)
   evaluate = lambda p: rollouts.pass_rate(graphdef, p, task, tok, eval_problems,
-                                          eval_key, layout, config.train.eval_temperature,
-                                          suppress_ids=tuple(config.sampling.suppress_ids))
+                                          eval_key, layout, eval_spec)
   t0 = time.time()
   bar = tqdm.trange(start, c.steps, desc="sft", disable=not config.train.progress,
                     initial=start, total=c.steps, mininterval=1.0)

@@ -82,17 +82,22 @@ def make_optimizer(oc, param_dtype: str = "float32") -> optax.GradientTransforma
 @dataclasses.dataclass
 class Setup:
   """What a run needs besides its config: task, tokenizer, shapes, the
-  held-out eval set and (where the task enumerates its answers) its exact
-  expected-pass evaluator."""
+  held-out eval set, the distributions rollouts (``sampling``) and
+  evaluations (``eval_sampling``) sample from, the RL settings (``rl``) and
+  (where the task enumerates its answers) its exact expected-pass evaluator."""
   task: tasks.Task
   tok: tasks.Tokenizer
   layout: rollouts.Layout
   eval_problems: list
+  sampling: scoring.SamplingSpec
+  eval_sampling: scoring.SamplingSpec
+  rl: rl.RLSpec
   expected: evaluation.ExpectedPass | None = None
 
 
 def prepare(config: ml_collections.ConfigDict) -> Setup:
-  """Validate the config, build the task, and fix the model's vocab size."""
+  """Validate the config, build the task and the specs (sampling, eval
+  sampling, RL), and fix the model's vocab size."""
   config_lib.validate(config)
   task = tasks.make_task(config.task.name, **config.task.kwargs.to_dict())
   hf_dir = config.get("hf_checkpoint") or ""
@@ -110,10 +115,12 @@ def prepare(config: ml_collections.ConfigDict) -> Setup:
     vocab = tok.vocab_size
   with config.unlocked():
     config.model.vocab_size = vocab
-    # never PAD/BOS inside a completion -- but EOS, where a checkpoint's pad/bos is its EOS
-    config.sampling.suppress_ids = (tuple(i for i in (tok.pad_id, tok.bos_id)
-                                          if i != tok.eos_id)
-                                    if config.sampling.suppress_special else ())
+  # never PAD/BOS inside a completion -- but EOS, where a checkpoint's pad/bos is its EOS
+  suppress = (tuple(i for i in (tok.pad_id, tok.bos_id) if i != tok.eos_id)
+              if config.sampling.suppress_special else ())
+  spec = scoring.SamplingSpec.from_config(config.sampling, suppress)
+  # pass@1 as sampled at the eval temperature, without top-k / top-p
+  eval_spec = scoring.SamplingSpec(config.train.eval_temperature, suppress_ids=suppress)
   if layout.total > config.model.max_len:
     raise ValueError(f"config.model.max_len={config.model.max_len} is shorter than "
                      f"prompt ({layout.prompt_len}) + completion "
@@ -123,10 +130,9 @@ def prepare(config: ml_collections.ConfigDict) -> Setup:
                               config.train.eval_prompts, split="eval")
   expected = None
   if config.train.eval_expected and task.enumerable:
-    expected = evaluation.ExpectedPass(
-        task, tok, eval_problems, layout, config.train.eval_temperature,
-        suppress_ids=config.sampling.suppress_ids)
-  return Setup(task, tok, layout, eval_problems, expected)
+    expected = evaluation.ExpectedPass(task, tok, eval_problems, layout, eval_spec)
+  return Setup(task, tok, layout, eval_problems, spec, eval_spec,
+               rl.RLSpec.from_config(config.rl), expected)
 
 
 def sft_base(config, workdir: str, setup: Setup):
@@ -136,60 +142,65 @@ def sft_base(config, workdir: str, setup: Setup):
   if not os.path.isabs(base_dir):
     base_dir = os.path.normpath(os.path.join(workdir, base_dir))
   return sft.train_sft(config, base_dir, setup.task, setup.tok, setup.layout,
-                       setup.eval_problems)
+                       setup.eval_problems, setup.eval_sampling)
 
 
 # teacher-forced scoring of a whole round (PPO values, KL reference), compiled once
-_score = jax.jit(scoring.score, static_argnums=(0, 6, 7, 8, 9))
+_score = jax.jit(scoring.score, static_argnums=(0, 6))
 
 
 def round_batch(config, graphdef, behaviour, ref_params, setup: Setup, rnd: int,
-                P: int | None = None, mesh=None):
+                P: int | None = None, mesh=None, *, seed: int | None = None,
+                with_ref: bool = True):
   """Generate, verify and score one round of P prompts (default
-  ``config.batch.num_prompts``) x K rollouts from the ``behaviour`` params.
+  ``config.batch.num_prompts``) x K rollouts from the ``behaviour`` params,
+  sampled from ``setup.sampling``.
 
+  ``seed`` (default ``config.seed``) seeds the round's prompts and sampling
+  keys; ``with_ref=False`` leaves the reference log-probs at zero (a batch no
+  KL penalty reads) instead of scoring ``ref_params`` when the KL is on.
   Returns ``(batch, rewards_PxK, gen)``: ``batch`` holds the arrays of
   ``objective.BATCH_KEYS`` but ``on_policy`` (set per update), with
-  advantages from ``rl.token_advantages`` (PPO: critic values of the
-  behaviour params, GAE, whitening); ``gen`` is the rollout output.
+  advantages from ``rl.token_advantages`` of ``setup.rl`` (PPO: critic
+  values of the behaviour params, GAE, whitening); ``gen`` is the rollout output.
   """
   P = P or config.batch.num_prompts
   K = config.batch.rollouts_per_prompt
-  problems = setup.task.sample(np.random.default_rng([config.seed, 1, rnd]), P)
-  key = jax.random.fold_in(jax.random.key(config.seed), rnd)
-  sc = config.sampling
+  seed = config.seed if seed is None else seed
+  problems = setup.task.sample(np.random.default_rng([seed, 1, rnd]), P)
+  key = jax.random.fold_in(jax.random.key(seed), rnd)
+  spec = setup.sampling
   if jax.process_count() > 1:  # each process generates and verifies its own prompts
-    out = _process_rollout(config, graphdef, behaviour, setup, problems, K, key, mesh)
+    out = _process_rollout(graphdef, behaviour, setup, problems, K, key, mesh)
     rewards = jax.device_put(out["rewards"], jax.NamedSharding(mesh, jax.P()))
   else:
     out = rollouts.rollout(graphdef, behaviour, setup.task, setup.tok, problems, K, key,
-                           setup.layout, sc.temperature, sc.top_k, sc.top_p, mesh,
-                           tuple(sc.suppress_ids))
+                           setup.layout, spec, mesh)
     rewards = jnp.asarray(out["rewards"])
   mask = out["completion_mask"]
   b = dict(prompt=out["prompt"], prompt_mask=out["prompt_mask"],
            completion=out["completion"], completion_mask=mask,
            logp_old=out["logp_old"])
   score = lambda p: _score(graphdef, p, b["prompt"], b["prompt_mask"], b["completion"],
-                           mask, sc.temperature, sc.top_k, sc.top_p, tuple(sc.suppress_ids))
-  values = score(behaviour).values if config.rl.advantage == "gae" else None
-  b["adv"], b["returns"] = rl.token_advantages(config.rl, rewards, mask, values)
+                           mask, spec)
+  values = score(behaviour).values if setup.rl.advantage == "gae" else None
+  b["adv"], b["returns"] = rl.token_advantages(setup.rl, rewards, mask, values)
   zeros = jnp.zeros_like(mask)
   b["old_values"] = zeros if values is None else values
-  b["logp_ref"] = score(ref_params).logprobs if config.rl.kl_beta else zeros
+  b["logp_ref"] = score(ref_params).logprobs if with_ref and setup.rl.kl_beta else zeros
   if jax.process_count() > 1:  # host copies of what the metrics read
     out = dict(out, completion_mask=sharding.host(mask), lengths=sharding.host(out["lengths"]))
   out = dict(out, difficulty=np.array([p.difficulty for p in problems]))
   return b, out["rewards"], out
 
 
-def _process_rollout(config, graphdef, params, setup: Setup, problems, K, key, mesh) -> dict:
+def _process_rollout(graphdef, params, setup: Setup, problems, K, key, mesh) -> dict:
   """``rollouts.rollout`` across processes: this process encodes, decodes and
   verifies only the prompts whose K rollouts live on its devices
   (``sharding.process_rows``); generation is one jitted SPMD call over the
   global batch. Returns the batch arrays (global) and ``rewards`` [P, K]
   gathered to every process."""
-  B, sc = len(problems) * K, config.sampling
+  B = len(problems) * K
   lo, hi = sharding.process_rows(mesh, B)
   if lo % K or hi % K:
     raise ValueError(f"process {jax.process_index()} holds rollouts [{lo}, {hi}) of {B}: "
@@ -201,8 +212,7 @@ def _process_rollout(config, graphdef, params, setup: Setup, problems, K, key, m
                    for x in (prompt, pmask))
   sampler = sampling.make_sampler(  # jitted; its KV cache is sharded like the batch
       graphdef, max_new_tokens=setup.layout.completion_len, eos_id=setup.tok.eos_id,
-      pad_id=setup.tok.pad_id, temperature=sc.temperature, top_k=sc.top_k, top_p=sc.top_p,
-      suppress_ids=tuple(sc.suppress_ids))
+      pad_id=setup.tok.pad_id, spec=setup.sampling)
   out = sampler(params, prompt, pmask, key)
   texts = rollouts.decode(setup.tok, sharding.local_rows(out.tokens, mesh))
   local = rollouts.verify(setup.task, [p for p in mine for _ in range(K)], texts)
@@ -221,29 +231,26 @@ def probe_batch(config, graphdef, behaviour, setup: Setup, rnd: int, mesh=None):
   Q = config.drift.probe_prompts
   if not Q:
     return None
-  c = ml_collections.ConfigDict(config.to_dict())
-  with c.unlocked():
-    c.rl.kl_beta = 0.0
-    c.seed = config.seed + 7_919  # another stream of prompts and sampling keys
-  b, _, _ = round_batch(c, graphdef, behaviour, None, setup, rnd, Q, mesh)
-  sc = config.sampling
+  # another stream of prompts and sampling keys; no KL reference (no loss reads it)
+  b, _, _ = round_batch(config, graphdef, behaviour, None, setup, rnd, Q, mesh,
+                        seed=config.seed + 7_919, with_ref=False)
   b["logp_all_b"] = _score(graphdef, behaviour, b["prompt"], b["prompt_mask"],
-                           b["completion"], b["completion_mask"], sc.temperature, sc.top_k,
-                           sc.top_p, tuple(sc.suppress_ids)).logits
+                           b["completion"], b["completion_mask"], setup.sampling).logits
   return b
 
 
-def probe_drift(config, graphdef, params, probe) -> dict:
+def probe_drift(graphdef, params, probe, sampling_spec: scoring.SamplingSpec,
+                rl_spec: rl.RLSpec) -> dict:
   """Drift of ``params`` from the behaviour policy on the probe's tokens:
-  ``drift.drift_stats`` (k1/k3, ratios, clip fractions, ESS) plus
-  ``kappa_exact``, the full-vocabulary KL(behaviour || current) per token."""
-  sc, rc = config.sampling, config.rl
+  ``drift.drift_stats`` (k1/k3, ratios, clip fractions at ``rl_spec``'s clip
+  range, ESS) plus ``kappa_exact``, the full-vocabulary KL(behaviour ||
+  current) per token (log-probs of ``sampling_spec``, the behaviour's
+  distribution)."""
   cur = scoring.score(graphdef, params, probe["prompt"], probe["prompt_mask"],
-                      probe["completion"], probe["completion_mask"], sc.temperature,
-                      sc.top_k, sc.top_p, tuple(sc.suppress_ids))
+                      probe["completion"], probe["completion_mask"], sampling_spec)
   mask = probe["completion_mask"]
-  st = drift.drift_stats(probe["logp_old"], cur.logprobs, mask, rc.clip_eps_low,
-                         rc.clip_eps_high, probe["adv"])
+  st = drift.drift_stats(probe["logp_old"], cur.logprobs, mask, rl_spec.clip_eps_low,
+                         rl_spec.clip_eps_high, probe["adv"])
   kl = drift.exact_kl(probe["logp_all_b"], cur.logits)
   st["kappa_exact"] = jnp.sum(kl * mask) / jnp.maximum(mask.sum(), 1.0)
   return {f"heldout_{k}": v for k, v in st.items()}
@@ -265,8 +272,10 @@ class RoundUpdater:
   combination of the static flags.
   """
 
-  def __init__(self, config, graphdef, tx, P_mb: int, mesh=None):
+  def __init__(self, config, graphdef, tx, P_mb: int, sampling_spec: scoring.SamplingSpec,
+               rl_spec: rl.RLSpec, mesh=None):
     self.c, self.graphdef, self.tx, self.P_mb = config, graphdef, tx, P_mb
+    self.sampling_spec, self.rl_spec = sampling_spec, rl_spec
     self.K = config.batch.rollouts_per_prompt
     self.mesh = mesh
     self._fns = {}
@@ -284,7 +293,8 @@ class RoundUpdater:
   def _exact_moments(self, params, mb):
     c = self.c
     return gradstats.group_moments(precision.float32(params), self.graphdef, mb, self.P_mb,
-                                   self.K, c.rl, c.sampling, c.noise.chunk_prompts,
+                                   self.K, self.rl_spec, self.sampling_spec,
+                                   c.noise.chunk_prompts,
                                    method=c.noise.exact_method)
 
   def _drift_estimates(self, moments):
@@ -310,7 +320,8 @@ class RoundUpdater:
       if drift:
         d0 = self._drift_estimates(moments)
     held = lambda params: ({} if probe is None else
-                           probe_drift(self.c, self.graphdef, params, probe))
+                           probe_drift(self.graphdef, params, probe, self.sampling_spec,
+                                       self.rl_spec))
     h0 = held(state["params"])
     state, m0, sm = self._update(state, first, lrs_U[0], split=split)
     m0.update(h0)
@@ -350,13 +361,14 @@ class RoundUpdater:
     if split:  # raw, and in Adam's metric (before this update) once Adam has one
       metric = gradstats.adam_metric(opt_state, c.optim.b2, c.optim.eps)
       loss, grads, aux, moments = gradstats.split_grads(
-          gparams, graphdef, mb, self.P_mb, self.K, c.rl, c.sampling, metric=metric)
+          gparams, graphdef, mb, self.P_mb, self.K, self.rl_spec, self.sampling_spec,
+          metric=metric)
       if metric is None:
         moments = (moments, None)
     else:
       counts = objective.counts_of(mb)
       (loss, aux), grads = jax.value_and_grad(objective.batch_loss, has_aux=True)(
-          gparams, graphdef, mb, counts, c.rl, c.sampling)
+          gparams, graphdef, mb, counts, self.rl_spec, self.sampling_spec)
     gnorm = optax.tree.norm(grads)
     opt_state.hyperparams["learning_rate"] = lr
     updates, new_opt = self.tx.update(grads, opt_state, params)
@@ -374,8 +386,8 @@ class RoundUpdater:
              grad_clipped=(gnorm > c.optim.grad_clip) if c.optim.grad_clip else False,
              entropy=jnp.sum(aux["entropy"]) / ntok,
              sampler_logp_gap=jnp.where(mb["on_policy"][0], gap, jnp.nan))
-    m.update(drift.drift_stats(aux["logp_old"], aux["logp"], mask, c.rl.clip_eps_low,
-                               c.rl.clip_eps_high, mb["adv"]))
+    m.update(drift.drift_stats(aux["logp_old"], aux["logp"], mask, self.rl_spec.clip_eps_low,
+                               self.rl_spec.clip_eps_high, mb["adv"]))
     return state, m, moments
 
 
@@ -405,7 +417,8 @@ class Run:
   def updater(self, P_mb: int) -> RoundUpdater:
     """One set of compiled update functions per prompts-per-update bucket."""
     if P_mb not in self.updaters:
-      self.updaters[P_mb] = RoundUpdater(self.config, self.graphdef, self.tx, P_mb, self.mesh)
+      self.updaters[P_mb] = RoundUpdater(self.config, self.graphdef, self.tx, P_mb,
+                                         self.setup.sampling, self.setup.rl, self.mesh)
     return self.updaters[P_mb]
 
 
@@ -491,8 +504,7 @@ def evaluate(run: Run, params) -> dict:
   if c.train.eval_sampled:
     t = time.time()
     ev = rollouts.pass_rate(run.graphdef, params, s.task, s.tok, s.eval_problems,
-                            jax.random.key(c.train.eval_seed), s.layout,
-                            c.train.eval_temperature, suppress_ids=c.sampling.suppress_ids)
+                            jax.random.key(c.train.eval_seed), s.layout, s.eval_sampling)
     row["eval_pass_rate"] = ev["pass_rate"]
     row.update({f"eval_pass_rate_d{d}": v for d, v in ev["by_difficulty"].items()})
     row["eval_sampled_seconds"] = time.time() - t
@@ -686,7 +698,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   os.makedirs(workdir, exist_ok=True)
   if config.mode == "sft":
     _, _, summary = sft.train_sft(config, workdir, setup.task, setup.tok,
-                                  setup.layout, setup.eval_problems)
+                                  setup.layout, setup.eval_problems, setup.eval_sampling)
     _write_summary(workdir, summary)
     return summary
   return _train_rl(config, workdir, setup)

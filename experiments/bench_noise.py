@@ -89,7 +89,8 @@ def load_params(config, setup, base_dir):
     raise SystemExit(f"--base_dir={base_dir!r} holds no SFT checkpoint ({ck})")
   # a finished SFT checkpoint is loaded, not retrained (sft.train_sft returns early)
   graphdef, params, summary = sft.train_sft(config, base_dir, setup.task, setup.tok,
-                                            setup.layout, setup.eval_problems)
+                                            setup.layout, setup.eval_problems,
+                                            setup.eval_sampling)
   return graphdef, params, (f"SFT base {base_dir} (step {summary.get('sft_steps')}, "
                             f"pass@1 {summary.get('base_pass_rate')})")
 
@@ -211,7 +212,7 @@ def main():
   P, K = config.batch.num_prompts, config.batch.rollouts_per_prompt
   N = P * K
   C0 = config.noise.chunk_prompts
-  rl_cfg, s_cfg = config.rl, config.sampling
+  rl_cfg, s_cfg = setup.rl, setup.sampling
   graphdef, params, origin = load_params(config, setup, args.base_dir)
   print(f"jax {jax.__version__} on {jax.devices()[0].platform} ({jax.device_count()} "
         f"device(s)); params {model_lib.param_count(params):,}; P={P} K={K} N={N}; "

@@ -75,7 +75,7 @@ def naive_generate(graphdef, params, prompt, prompt_mask, key, *, max_new_tokens
     key, sub = jax.random.split(key)
     out = model_lib.apply(graphdef, params, buf, scoring.positions_from_mask(mask), mask)
     logits = jax.lax.dynamic_index_in_dim(out.logits, Tp + t - 1, 1, keepdims=False)
-    logp_all = scoring.process_logits(logits)
+    logp_all = scoring.process_logits(logits, scoring.SamplingSpec())
     tok = sampling.sample_tokens(sub, logp_all)
     lp = jnp.take_along_axis(logp_all, tok[:, None], -1)
     buf = jax.lax.dynamic_update_slice(buf, tok[:, None], (0, Tp + t))
@@ -127,7 +127,7 @@ def main():
     pmask = jnp.ones((B, Tp), bool)
     key = jax.random.key(B)
     sampler = sampling.make_sampler(graphdef, max_new_tokens=n_new, eos_id=None,
-                                    pad_id=PAD_ID)
+                                    pad_id=PAD_ID, spec=scoring.SamplingSpec())
     cached = sampler.lower(params, prompts, pmask, key).compile()
     naive = naive_generate.lower(graphdef, params, prompts, pmask, key,
                                  max_new_tokens=n_new).compile()
@@ -135,7 +135,7 @@ def main():
     arms[f"naive {B}"] = functools.partial(naive, params, prompts, pmask, key)
     data[B] = (prompts, pmask, key)
   B0 = batches[0]
-  host_kw = dict(max_new_tokens=n_new, eos_id=None, pad_id=PAD_ID)
+  host_kw = dict(max_new_tokens=n_new, eos_id=None, pad_id=PAD_ID, spec=scoring.SamplingSpec())
   np_prompts, np_mask = np.asarray(data[B0][0]), np.asarray(data[B0][1])
   arms[f"generate {B0}"] = lambda: sampling.generate(graphdef, params, np_prompts, np_mask,
                                                      data[B0][2], **host_kw)

@@ -46,6 +46,7 @@ import numpy as np
 
 from cbs_jax import model as model_lib
 from cbs_jax import objective
+from cbs_jax import rl
 from cbs_jax import scoring
 from cbs_jax import systems
 from cbs_jax import train
@@ -65,8 +66,9 @@ def case_config(name: str, dtype: str, quick: bool):
   c = default_cfg.get_config()
   over, n, tp, tc = CASES[name]
   if over is None:  # the quickstart's own model, vocabulary from its task
-    train.prepare(c)
+    spec = train.prepare(c).sampling
   else:
+    spec = scoring.SamplingSpec.from_config(c.sampling)
     for k, v in over.items():
       c.model[k] = v
   c.model.dtype = dtype
@@ -74,7 +76,7 @@ def case_config(name: str, dtype: str, quick: bool):
   c.rl.kl_beta = 0.04
   if quick:
     n = max(n // 4, 8)
-  return c, n, tp, tc
+  return c, spec, n, tp, tc
 
 
 def make_batch(graphdef, params, c, n, tp, tc, seed=0):
@@ -86,9 +88,10 @@ def make_batch(graphdef, params, c, n, tp, tc, seed=0):
            prompt_mask=jnp.ones((n, tp), bool),
            completion=jnp.asarray(rng.integers(1, V, (n, tc)), jnp.int32),
            completion_mask=jnp.asarray(np.arange(tc)[None] < lens[:, None], jnp.float32))
-  sc = jax.jit(scoring.score, static_argnums=0)(graphdef, params, b["prompt"],
-                                                b["prompt_mask"], b["completion"],
-                                                b["completion_mask"])
+  sc = jax.jit(scoring.score, static_argnums=(0, 6))(graphdef, params, b["prompt"],
+                                                     b["prompt_mask"], b["completion"],
+                                                     b["completion_mask"],
+                                                     scoring.SamplingSpec())
   logp = sc.logprobs
   noise = lambda s: 0.05 * jnp.asarray(rng.standard_normal((n, tc)), jnp.float32)
   b.update(logp_old=(logp + noise(1)) * b["completion_mask"],
@@ -100,13 +103,14 @@ def make_batch(graphdef, params, c, n, tp, tc, seed=0):
   return b
 
 
-def make_update(graphdef, c):
+def make_update(graphdef, c, spec):
   tx = train.make_optimizer(c.optim)
+  rl_spec = rl.RLSpec.from_config(c.rl)
 
   def update(state, batch):
     params, opt_state = state
     (loss, _), grads = jax.value_and_grad(objective.batch_loss, has_aux=True)(
-        params, graphdef, batch, objective.counts_of(batch), c.rl, c.sampling)
+        params, graphdef, batch, objective.counts_of(batch), rl_spec, spec)
     updates, opt_state = tx.update(grads, opt_state, params)
     params = jax.tree.map(lambda p, u: p + u, params, updates)
     return (params, opt_state), loss
@@ -138,10 +142,10 @@ def main():
   arms = {"matmul": (lambda: matmul(a), 2.0 * mm_n ** 3)}
   info = {}
   for name in names:
-    c, n, tp, tc = case_config(name, args.dtype, args.quick)
+    c, spec, n, tp, tc = case_config(name, args.dtype, args.quick)
     graphdef, params = model_lib.build(c.model, seed=0)
     batch = make_batch(graphdef, params, c, n, tp, tc)
-    tx, update = make_update(graphdef, c)
+    tx, update = make_update(graphdef, c, spec)
     holder = {"state": (params, tx.init(params))}
 
     def call(update=update, holder=holder, batch=batch):

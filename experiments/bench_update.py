@@ -60,7 +60,7 @@ def make_case(c):
       idx.append((p[:, None] * K + np.arange(K)[None]).reshape(-1))
   idx = np.stack(idx)
   lrs = np.full(len(idx), c.optim.lr, np.float32)
-  updater = train.RoundUpdater(c, graphdef, tx, P_mb)
+  updater = train.RoundUpdater(c, graphdef, tx, P_mb, setup.sampling, setup.rl)
   state = dict(params=params, opt_state=tx.init(params))
   copy = lambda t: jax.tree.map(jnp.copy, t)
   B_mb = idx.shape[1]

@@ -26,6 +26,7 @@ from absl import logging
 
 from cbs_jax import report
 from cbs_jax import rollouts
+from cbs_jax import scoring
 from cbs_jax import train
 from configs import default
 
@@ -71,8 +72,8 @@ def main(argv=None):
     diff = np.array([p.difficulty for p in setup.eval_problems])
     for dec, top_k in (("sampled (T=1)", 0), ("greedy", 1)):
       r = rollouts.rollout(graphdef, params, setup.task, setup.tok, setup.eval_problems, 1,
-                           jax.random.key(c.train.eval_seed), setup.layout, 1.0, top_k,
-                           suppress_ids=c.sampling.suppress_ids)
+                           jax.random.key(c.train.eval_seed), setup.layout,
+                           scoring.SamplingSpec(1.0, top_k, 1.0, setup.sampling.suppress_ids))
       r = r["rewards"][:, 0]
       by = " / ".join(f"{r[diff == d].mean():.3f}" for d in np.unique(diff))
       lines.append(f"| {label} | {dec} | {r.mean():.3f} | {by} |")

@@ -42,8 +42,8 @@ def test_bf16_logprobs_close_to_float32():
   p16 = precision.cast(p32, jnp.bfloat16)
   assert all(x.dtype == jnp.bfloat16 for x in jax.tree.leaves(p16))
   prompt, pmask, comp, cmask = _batch()
-  s32 = scoring.score(gd32, p32, prompt, pmask, comp, cmask)
-  s16 = scoring.score(gd16, p16, prompt, pmask, comp, cmask)
+  s32 = scoring.score(gd32, p32, prompt, pmask, comp, cmask, scoring.SamplingSpec())
+  s16 = scoring.score(gd16, p16, prompt, pmask, comp, cmask, scoring.SamplingSpec())
   assert s16.logprobs.dtype == jnp.float32 and s16.logits.dtype == jnp.float32
   diff = float(jnp.max(jnp.abs(s16.logprobs - s32.logprobs) * cmask))
   print(f"bf16 vs f32 max |log-prob diff| = {diff:.4f}")

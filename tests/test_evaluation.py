@@ -12,6 +12,7 @@ import pytest
 from cbs_jax import config as config_lib
 from cbs_jax import evaluation
 from cbs_jax import rollouts
+from cbs_jax import scoring
 from cbs_jax import train
 
 
@@ -41,8 +42,7 @@ def test_expected_pass_matches_sampled_pass(tmp_path, task, kwargs, steps):
   assert exact["expected_pass"] == pytest.approx(per_problem.mean())
   K = 448  # 48 prompts x 448 = 21,504 samples
   out = rollouts.rollout(graphdef, params, setup.task, setup.tok, setup.eval_problems, K,
-                         jax.random.key(7), setup.layout,
-                         suppress_ids=c.sampling.suppress_ids)
+                         jax.random.key(7), setup.layout, setup.eval_sampling)
   sampled = out["rewards"]  # [P, K]
   n = sampled.size
   se = np.sqrt(np.sum(K * per_problem * (1 - per_problem))) / n
@@ -69,7 +69,7 @@ def test_task_without_enumerable_answers_is_a_clear_error():
   tok = tasks.make_tokenizer(task)
   layout = rollouts.Layout.for_task(task)
   with pytest.raises(ValueError, match="'gsm8k'.*sampled pass rate"):
-    evaluation.ExpectedPass(task, tok, task.problems[:2], layout)
+    evaluation.ExpectedPass(task, tok, task.problems[:2], layout, scoring.SamplingSpec())
   # the trainer falls back to the sampled pass rate (documented in config.py)
   c.model.max_len = 1024
   setup = train.prepare(c)

@@ -14,6 +14,7 @@ from cbs_jax import ghost
 from cbs_jax import gradstats
 from cbs_jax import model as model_lib
 from cbs_jax import objective
+from cbs_jax import rl
 from cbs_jax import scoring
 
 P, K, TP, TC, V = 3, 4, 4, 5, 12
@@ -28,7 +29,7 @@ def tiny(seed=0, **over):
   return model_lib.build(c, seed)
 
 
-_score = jax.jit(scoring.score, static_argnums=0)
+_score = jax.jit(scoring.score, static_argnums=(0, 6))
 
 
 def make_batch(graphdef, params, seed=0, on_policy=False):
@@ -41,7 +42,7 @@ def make_batch(graphdef, params, seed=0, on_policy=False):
   cmask = (np.arange(TC)[None] < clen[:, None]).astype(np.float32)
   completion = np.where(cmask > 0, rng.integers(3, V, size=(B, TC)), 0)
   sc = _score(graphdef, params, jnp.asarray(prompt), jnp.asarray(prompt_mask),
-              jnp.asarray(completion), jnp.asarray(cmask))
+              jnp.asarray(completion), jnp.asarray(cmask), scoring.SamplingSpec())
   logp_old = (sc.logprobs + rng.uniform(-0.3, 0.3, size=(B, TC))) * cmask  # some clipped
   adv = np.repeat(rng.normal(size=B), TC).reshape(B, TC) * cmask
   logp_ref = (sc.logprobs + rng.uniform(-0.3, 0.3, size=(B, TC))) * cmask
@@ -59,7 +60,7 @@ def make_batch(graphdef, params, seed=0, on_policy=False):
 def cfgs(mode="token_mean", kl_beta=0.1, loss="ppo", algo="grpo"):
   c = config_lib.base_config()
   c.rl.aggregation, c.rl.kl_beta, c.rl.loss, c.rl.algo = mode, kl_beta, loss, algo
-  return c.rl, c.sampling
+  return rl.RLSpec.from_config(c.rl), scoring.SamplingSpec.from_config(c.sampling)
 
 
 def fns(graphdef, rl_cfg, s_cfg, form="auto"):

@@ -560,7 +560,7 @@ def test_gsm8k_qwen_smoke_run_from_checkpoint(tiny_qwen, tmp_path):
   c.hf_checkpoint = tiny_qwen
   setup = train.prepare(c)
   tok = setup.tok
-  assert c.model.vocab_size == 512 and tok.eos_id not in c.sampling.suppress_ids
+  assert c.model.vocab_size == 512 and tok.eos_id not in setup.sampling.suppress_ids
   assert setup.layout.prompt_len == setup.task.token_lengths(tok)[0] + 1
   summary = train.train_and_evaluate(c, str(tmp_path))
   assert summary["rounds"] == 2 and summary["sft"] == {"hf_checkpoint": tiny_qwen}

@@ -41,10 +41,10 @@ def test_batch_gradient_covariance_matches_estimators(policy):
   @jax.jit
   def grad_and_moments(params, b):
     counts = objective.counts_of(b)
-    g = jax.grad(lambda p: objective.batch_loss(p, graphdef, b, counts, c.rl,
-                                                c.sampling)[0])(params)
+    g = jax.grad(lambda p: objective.batch_loss(p, graphdef, b, counts, setup.rl,
+                                                setup.sampling)[0])(params)
     flat = jnp.concatenate([x.reshape(-1) for x in jax.tree.leaves(g)])
-    mom = gradstats.group_moments(params, graphdef, b, P, K, c.rl, c.sampling, 1)
+    mom = gradstats.group_moments(params, graphdef, b, P, K, setup.rl, setup.sampling, 1)
     return flat, noise.exact_estimates(gradstats.sum_leaves(mom))
 
   grads, pred = [], []

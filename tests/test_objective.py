@@ -11,6 +11,7 @@ from cbs_jax import gradstats
 from cbs_jax import model as model_lib
 from cbs_jax import noise
 from cbs_jax import objective
+from cbs_jax import rl
 from cbs_jax import scoring
 
 P, K, TP, TC, V = 4, 4, 4, 5, 12
@@ -34,7 +35,7 @@ def make_batch(graphdef, params, seed=0):
   cmask = (np.arange(TC)[None] < clen[:, None]).astype(np.float32)
   completion = np.where(cmask > 0, rng.integers(3, V, size=(B, TC)), 0)
   sc = scoring.score(graphdef, params, jnp.asarray(prompt), jnp.asarray(prompt_mask),
-                      jnp.asarray(completion), jnp.asarray(cmask))
+                      jnp.asarray(completion), jnp.asarray(cmask), scoring.SamplingSpec())
   # behaviour log-probs near the current ones: ratios in (0.95, 1.05), no clipping
   logp_old = (sc.logprobs + rng.uniform(-0.05, 0.05, size=(B, TC))) * cmask
   adv = np.repeat(rng.normal(size=B), TC).reshape(B, TC) * cmask
@@ -50,7 +51,7 @@ def make_batch(graphdef, params, seed=0):
 def cfgs(mode="token_mean", kl_beta=0.1, loss="ppo"):
   c = config_lib.base_config()
   c.rl.aggregation, c.rl.kl_beta, c.rl.loss = mode, kl_beta, loss
-  return c.rl, c.sampling
+  return rl.RLSpec.from_config(c.rl), scoring.SamplingSpec.from_config(c.sampling)
 
 
 def test_grpo_loss_gradient_matches_central_finite_differences():

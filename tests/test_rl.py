@@ -1,11 +1,9 @@
 """Tests for cbs_jax.rl against independent computations (numpy loops, hand
 numbers, finite differences)."""
-import dataclasses
 import math
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 import pytest
 
@@ -134,7 +132,7 @@ def _token_grad(name, cfg, logp, logp_old, adv, mask):
 
 def test_ppo_values_grads_and_indicators():
   logp, logp_old, adv, mask = _inputs()
-  cfg = rl.LossConfig()
+  cfg = rl.RLSpec()
   loss, aux = rl.policy_loss("ppo", logp, logp_old, adv, mask, cfg)
   np.testing.assert_allclose(loss[0], -PPO_OBJ, rtol=1e-5, atol=1e-6)
   np.testing.assert_allclose(aux["ratio_BxT"][0], R, rtol=1e-6)
@@ -146,8 +144,7 @@ def test_ppo_values_grads_and_indicators():
 
 def test_ppo_dual_clip():
   logp, logp_old, adv, mask = _inputs()
-  cfg = ml_collections.ConfigDict(
-      {"clip_eps_low": 0.2, "clip_eps_high": 0.2, "clip_c": 3.0})
+  cfg = rl.RLSpec(clip_eps_low=0.2, clip_eps_high=0.2, clip_c=3.0)
   loss, aux = rl.policy_loss("ppo", logp, logp_old, adv, mask, cfg)
   obj = PPO_OBJ.copy(); obj[5] = -3.0          # floored at c*A
   gobj = PPO_GRAD_OBJ.copy(); gobj[5] = 0.0
@@ -163,7 +160,7 @@ def test_ppo_dual_clip():
 
 def test_ppo_asymmetric_clip_higher():
   # eps_high = 0.28 (DAPO clip-higher): r=1.25, A=1 is now inside.
-  cfg = rl.LossConfig(clip_eps_low=0.2, clip_eps_high=0.28)
+  cfg = rl.RLSpec(clip_eps_low=0.2, clip_eps_high=0.28)
   logp = jnp.log(jnp.array([[1.25, 1.3, 0.79]]))
   adv = jnp.array([[1.0, 1.0, -1.0]])
   loss, aux = rl.ppo_loss(logp, jnp.zeros_like(logp), adv,
@@ -173,24 +170,21 @@ def test_ppo_asymmetric_clip_higher():
   np.testing.assert_array_equal(aux["clipped_low_BxT"][0], [0, 0, 1])
 
 
-def test_loss_config_validation():
+def test_rl_spec_validation_and_clip_c_off():
   logp, logp_old, adv, mask = _inputs()
   with pytest.raises(ValueError, match="clip_c"):
-    rl.ppo_loss(logp, logp_old, adv, mask, rl.LossConfig(clip_c=0.5))
+    rl.RLSpec(clip_c=0.5)
   with pytest.raises(ValueError, match="unknown policy loss"):
-    rl.policy_loss("trpo", logp, logp_old, adv, mask)
-  # clip_c = 0 means off; a plain dataclass with only some fields works
-  @dataclasses.dataclass
-  class Partial:
-    clip_eps_low: float = 0.2
-  l0, _ = rl.ppo_loss(logp, logp_old, adv, mask, rl.LossConfig(clip_c=0))
-  l1, _ = rl.ppo_loss(logp, logp_old, adv, mask, Partial())
-  np.testing.assert_allclose(l0, l1)
+    rl.policy_loss("trpo", logp, logp_old, adv, mask, rl.RLSpec())
+  # clip_c = 0 means off: plain PPO clipping (the hand numbers)
+  l0, aux = rl.ppo_loss(logp, logp_old, adv, mask, rl.RLSpec(clip_c=0))
+  np.testing.assert_allclose(l0[0], -PPO_OBJ, rtol=1e-5, atol=1e-6)
+  assert float(jnp.sum(aux["dual_clipped_BxT"])) == 0.0
 
 
 def test_cispo_values_and_grad_vs_ppo():
   logp, logp_old, adv, mask = _inputs()
-  cfg = rl.LossConfig()
+  cfg = rl.RLSpec()
   loss, aux = rl.policy_loss("cispo", logp, logp_old, adv, mask, cfg)
   w = np.clip(R, 0.8, 1.2)
   np.testing.assert_allclose(loss[0], -w * A * np.log(R), rtol=1e-5,
@@ -214,9 +208,9 @@ def test_cispo_values_and_grad_vs_ppo():
 
 def test_pg_values_and_grad():
   logp, logp_old, adv, mask = _inputs()
-  loss, aux = rl.policy_loss("pg", logp, logp_old, adv, mask)
+  loss, aux = rl.policy_loss("pg", logp, logp_old, adv, mask, rl.RLSpec())
   np.testing.assert_allclose(loss[0], -R * A, rtol=1e-5)
-  g = _token_grad("pg", None, logp, logp_old, adv, mask)
+  g = _token_grad("pg", rl.RLSpec(), logp, logp_old, adv, mask)
   np.testing.assert_allclose(g, -R * A, rtol=1e-5)
   assert float(jnp.sum(aux["clipped_low_BxT"] + aux["clipped_high_BxT"])) == 0
 
@@ -228,11 +222,11 @@ def test_on_policy_ratio_one_and_grad(name):
   adv = jnp.asarray(rng.normal(size=(4, 1)) * np.ones((1, 6)), jnp.float32)
   mask = jnp.asarray([[1] * 6, [1] * 4 + [0] * 2, [1] * 1 + [0] * 5, [1] * 6],
                      jnp.float32)
-  _, aux = rl.policy_loss(name, logp, logp, adv, mask)
+  _, aux = rl.policy_loss(name, logp, logp, adv, mask, rl.RLSpec())
   assert np.all(np.asarray(aux["ratio_BxT"]) == 1.0)
   for mode in rl.AGGREGATIONS:
     w = rl.aggregation_weights(mask, mode, 4, float(mask.sum()), 6)
-    f = lambda lp: jnp.sum(w * rl.policy_loss(name, lp, logp, adv, mask)[0])
+    f = lambda lp: jnp.sum(w * rl.policy_loss(name, lp, logp, adv, mask, rl.RLSpec())[0])
     g = jax.grad(f)(logp)
     np.testing.assert_allclose(g, -np.asarray(adv) * np.asarray(w),
                                rtol=1e-6, atol=1e-8)
@@ -245,11 +239,11 @@ def test_losses_finite_with_garbage_on_padding():
   adv = jnp.ones_like(logp)
   for name in rl.POLICY_LOSSES:
     logp_ok = logp.at[0, 2].set(-3.0)   # logp itself must be finite for grad
-    loss, aux = rl.policy_loss(name, logp_ok, logp_old, adv, mask)
+    loss, aux = rl.policy_loss(name, logp_ok, logp_old, adv, mask, rl.RLSpec())
     assert np.all(np.isfinite(loss)) and np.all(loss[0, 1:] == 0)
     for mode in rl.AGGREGATIONS:
       g = jax.grad(lambda lp: rl.aggregate(
-          rl.policy_loss(name, lp, logp_old, adv, mask)[0], mask, mode,
+          rl.policy_loss(name, lp, logp_old, adv, mask, rl.RLSpec())[0], mask, mode,
           1, 1, 3))(logp_ok)
       assert np.all(np.isfinite(g)) and np.all(g[0, 1:] == 0)
 
@@ -283,7 +277,7 @@ def test_gspo_token_matches_sequence_gradient():
   logp = logp_old + shift + 0.03 * rng.normal(size=(b, t))
   adv_B = np.array([1.0, 1.0, -1.0, -0.5, -2.0, 1.5])
   adv = adv_B[:, None] * mask
-  cfg = rl.LossConfig(clip_eps_low=lo, clip_eps_high=hi)
+  cfg = rl.RLSpec(clip_eps_low=lo, clip_eps_high=hi)
 
   s = np.exp((mask * (logp - logp_old)).sum(1) / mask.sum(1))
   expect_clip = ((adv_B > 0) & (s > 1 + hi)) | ((adv_B < 0) & (s < 1 - lo))
@@ -371,7 +365,7 @@ def test_microbatch_split_exact(mode, n_micro):
   num_tokens = float(mask.sum())
 
   def loss_fn(lp, lo, a, m):
-    l, _ = rl.policy_loss("ppo", lp, lo, a, m)
+    l, _ = rl.policy_loss("ppo", lp, lo, a, m, rl.RLSpec())
     return rl.aggregate(l, m, mode, b, num_tokens, t)
 
   full_val, full_grad = jax.value_and_grad(loss_fn)(logp, logp_old, adv, mask)
@@ -585,9 +579,9 @@ def test_symmetric_clip_ten_is_the_unclipped_importance_weighted_gradient():
   assert ratio.min() > 1 / 11 and ratio.max() < 11
   adv = jnp.asarray(rng.normal(size=(B, T)), jnp.float32)
   mask = jnp.asarray(rng.uniform(size=(B, T)) > 0.2, jnp.float32)
-  cfg = rl.LossConfig(clip_eps_low=10.0, clip_eps_high=10.0)
+  cfg = rl.RLSpec(clip_eps_low=10.0, clip_eps_high=10.0)
   g_ppo = jax.grad(lambda lp: rl.ppo_loss(lp, logp_old, adv, mask, cfg)[0].sum())(logp)
-  g_pg = jax.grad(lambda lp: rl.pg_loss(lp, logp_old, adv, mask)[0].sum())(logp)
+  g_pg = jax.grad(lambda lp: rl.pg_loss(lp, logp_old, adv, mask, rl.RLSpec())[0].sum())(logp)
   by_hand = -ratio * np.asarray(adv) * np.asarray(mask)  # d(-r A)/dlogp = -r A
   np.testing.assert_allclose(g_ppo, by_hand, rtol=1e-5, atol=1e-6)
   np.testing.assert_allclose(g_pg, by_hand, rtol=1e-5, atol=1e-6)

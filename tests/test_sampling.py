@@ -31,8 +31,12 @@ def tiny():
 
 
 _fwd = jax.jit(model.apply, static_argnums=0)
-_score = jax.jit(scoring.score, static_argnums=(0,),
-                 static_argnames=("temperature", "top_k", "top_p"))
+_score_jit = jax.jit(scoring.score, static_argnums=(0, 6))
+
+
+def _score(gd, params, toks, mask, comp, cmask, **proc):
+  """``scoring.score`` (jitted) under the spec of ``proc`` (temperature, top_k, top_p)."""
+  return _score_jit(gd, params, toks, mask, comp, cmask, scoring.SamplingSpec(**proc))
 
 
 def random_prompts(lengths, seed=0):
@@ -47,11 +51,17 @@ def mixed_batch(seed=1):
   return sampling.left_pad(random_prompts(MIXED, seed), max(MIXED), PAD)
 
 
+def spec_kw(kw):
+  """``kw`` with its temperature / top_k / top_p (if any) as a ``spec``."""
+  proc = {k: kw.pop(k) for k in ("temperature", "top_k", "top_p") if k in kw}
+  return dict(kw, spec=scoring.SamplingSpec(**proc))
+
+
 def gen(gd, params, toks, mask, key=0, **kw):
   kw.setdefault("pad_id", PAD)
   if isinstance(key, int):
     key = jax.random.key(key)
-  out = sampling.generate(gd, params, toks, mask, key, **kw)
+  out = sampling.generate(gd, params, toks, mask, key, **spec_kw(kw))
   return jax.tree.map(np.asarray, out)
 
 
@@ -115,7 +125,8 @@ def np_process(logits, temperature=1.0, top_k=0, top_p=1.0):
 def test_process_logits_matches_numpy(temperature, top_k, top_p):
   logits = np.random.default_rng(0).normal(size=(6, VOCAB)) * 2.0
   got = np.exp(np.asarray(scoring.process_logits(
-      jnp.asarray(logits, jnp.float32), temperature, top_k, top_p), np.float64))
+      jnp.asarray(logits, jnp.float32), scoring.SamplingSpec(temperature, top_k, top_p)),
+      np.float64))
   want = np_process(logits.astype(np.float32), temperature, top_k, top_p)
   np.testing.assert_allclose(got, want, atol=2e-6, rtol=0)
   np.testing.assert_allclose(got.sum(-1), 1.0, atol=1e-5)
@@ -123,9 +134,9 @@ def test_process_logits_matches_numpy(temperature, top_k, top_p):
 
 def test_process_logits_keeps_ties():
   x = jnp.array([[1.0, 2.0, 2.0, 0.0]])
-  p = np.exp(np.asarray(scoring.process_logits(x, 1.0, top_k=1)))
+  p = np.exp(np.asarray(scoring.process_logits(x, scoring.SamplingSpec(top_k=1))))
   np.testing.assert_allclose(p, [[0, 0.5, 0.5, 0]], atol=1e-7)
-  p = np.exp(np.asarray(scoring.process_logits(x, 1.0, top_p=0.3)))
+  p = np.exp(np.asarray(scoring.process_logits(x, scoring.SamplingSpec(top_p=0.3))))
   np.testing.assert_allclose(p[0, [0, 3]], 0.0, atol=1e-7)
   np.testing.assert_allclose(p[0, 1], p[0, 2], atol=1e-7)
 
@@ -311,8 +322,8 @@ def test_first_token_frequencies(tiny, temperature, top_k, top_p):
                                   scoring.positions_from_mask(jnp.asarray(m)),
                                   jnp.asarray(m)).logits[0, -1])
   probs = np_process(logits, temperature, top_k, top_p)  # independent, float64
-  proc = np.exp(np.asarray(scoring.process_logits(jnp.asarray(logits), temperature,
-                                                   top_k, top_p), np.float64))
+  proc = np.exp(np.asarray(scoring.process_logits(
+      jnp.asarray(logits), scoring.SamplingSpec(temperature, top_k, top_p)), np.float64))
   np.testing.assert_allclose(proc, probs, atol=2e-6)
   support = probs > 0
   if top_k:
@@ -360,7 +371,7 @@ def test_bad_inputs_raise(tiny, eos):
 
   def bad(match, t=toks, **kw):
     with pytest.raises(ValueError, match=match):
-      sampling.generate(gd, params, t, mask, key, **{**ok, **kw})
+      sampling.generate(gd, params, t, mask, key, **spec_kw({**ok, **kw}))
 
   bad("max_len", max_new_tokens=17)             # 8 + 17 > 24
   bad("max_new_tokens", max_new_tokens=0)
@@ -403,9 +414,11 @@ def test_special_ids_validated_and_score_finite(tiny):
   t, m = sampling.left_pad([[3, 4]], 2, PAD)
   key = jax.random.key(0)
   with pytest.raises(ValueError, match="pad_id"):
-    sampling.generate(gd, params, t, m, key, max_new_tokens=1, eos_id=3, pad_id=VOCAB)
+    sampling.generate(gd, params, t, m, key, max_new_tokens=1, eos_id=3, pad_id=VOCAB,
+                      spec=scoring.SamplingSpec())
   with pytest.raises(ValueError, match="eos_id"):
-    sampling.generate(gd, params, t, m, key, max_new_tokens=1, eos_id=-1, pad_id=PAD)
+    sampling.generate(gd, params, t, m, key, max_new_tokens=1, eos_id=-1, pad_id=PAD,
+                      spec=scoring.SamplingSpec())
 
 
 def test_score_masked_positions_are_zero_whatever_the_token(tiny):
@@ -445,7 +458,8 @@ def test_no_eos_runs_every_row_to_the_end_and_matches_score(tiny):
               jnp.asarray(out.mask))
   np.testing.assert_allclose(np.asarray(sc.logprobs), out.logprobs, atol=1e-4)
   # the jitted entry point is the same computation without the host checks
-  fn = sampling.make_sampler(gd, max_new_tokens=N_NEW, eos_id=None, pad_id=PAD)
+  fn = sampling.make_sampler(gd, max_new_tokens=N_NEW, eos_id=None, pad_id=PAD,
+                             spec=scoring.SamplingSpec())
   direct = jax.tree.map(np.asarray, fn(params, jnp.asarray(toks), jnp.asarray(mask),
                                        jax.random.key(3)))
   np.testing.assert_array_equal(direct.tokens, out.tokens)

@@ -41,12 +41,13 @@ out["batch_x"] = [list(b["x"].sharding.spec), 8, b["x"].addressable_shards[0].da
 out["batch_y"] = [list(b["y"].sharding.spec), 8, b["y"].addressable_shards[0].data.size, 6]
 # the KV cache inside the jitted sampler: per-device buffers of the compiled
 # program, [B/4 rows, KV/2 heads, ...] (B=16 over data x fsdp, 4 kv heads over tensor)
-from cbs_jax import sampling
+from cbs_jax import sampling, scoring
 c2 = model.default_config(); c2.vocab_size = 16; c2.num_kv_heads = 4
 g2, p2 = model.build(c2)
 p2 = sharding.shard_params(p2, mesh)
 pb = sharding.shard_batch({"p": jnp.ones((16, 6), jnp.int32), "m": jnp.ones((16, 6), bool)}, mesh)
-smp = sampling.make_sampler(g2, max_new_tokens=8, eos_id=1, pad_id=0)
+smp = sampling.make_sampler(g2, max_new_tokens=8, eos_id=1, pad_id=0,
+                            spec=scoring.SamplingSpec())
 hlo = smp.lower(p2, pb["p"], pb["m"], jax.random.key(0)).compile().as_text()
 out["kv_full"] = hlo.count("f32[16,4,")
 out["kv_sharded"] = hlo.count("f32[4,2,")
