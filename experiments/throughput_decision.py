@@ -40,6 +40,7 @@ import numpy as np
 from absl import logging
 
 from cbs_jax import plots
+from cbs_jax import probes
 from cbs_jax import report
 from cbs_jax import stats
 from cbs_jax import study
@@ -124,7 +125,7 @@ def main(argv=None):
     bc.sft.base_dir = os.path.abspath(os.path.join(args.on_root, "sft_base"))
     bc.train.eval_every = 0
   thr, setup = benchmark(bc, args.root, ns, args.repeats)
-  acc = systems.calibrate_cpu()
+  acc = probes.calibrate_cpu()
   Tp, Tc = setup.layout.prompt_len, setup.layout.completion_len
   for t in thr:
     t["roofline_rollouts_per_s"] = systems.rollouts_per_s(bc.model, acc, t["N"], Tp, Tc)
