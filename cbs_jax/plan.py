@@ -51,6 +51,7 @@ import ml_collections
 import numpy as np
 
 from cbs_jax import batch as batch_lib
+from cbs_jax import probes
 from cbs_jax import systems
 
 SUMMARY = "summary.json"
@@ -224,7 +225,7 @@ def recommend(noise_or_fit: Mapping[str, Any], accelerator: Any, chips: int, mod
   (argmin at B -+ 2 SE, when the SE is known), reasoning (lines of text).
   """
   info = _normalise_b(noise_or_fit)
-  acc = systems.get_accelerator(accelerator)
+  acc = probes.accelerator(accelerator)
   chips = systems.check_chips(chips)
   dims = systems.ModelDims.from_config(model_cfg)
   ns = powers_of_two(min_n, max_n) if ns is None else [int(n) for n in ns]

@@ -77,21 +77,17 @@ weights sharded and read once (R = 1), memory pooled; communication ignored.
 
 Units: FLOP, FLOP/s, bytes, bytes/s, seconds, tokens, rollouts.
 
-``calibrate_cpu`` measures this machine's float32 matmul FLOP/s and memory
-read bandwidth with jax (one run, a few seconds): the "cpu" entry, so that a
-prediction for the current CPU is a measured number, not a spec sheet.
-``MatmulProbe`` / ``BandwidthProbe`` time one call each, for benchmarks that
-interleave them with the work they measure (medians over a shared machine's
-load). ``generation_roofline`` is the bound for one ``sampling.generate``
-call: prefill + decode of ``batch`` sequences.
+Accelerators: ``get_accelerator`` reads the spec-sheet table
+(``ACCELERATORS``); the "cpu" entry is measured on this machine, not
+tabulated: ``cbs_jax.probes`` measures it (``probes.accelerator`` resolves
+every name, "cpu" included), and every function here also takes an
+``Accelerator``. ``generation_roofline`` is the bound for one
+``sampling.generate`` call: prefill + decode of ``batch`` sequences.
 """
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
-import os
-import time
 from typing import Any, Mapping
 
 import numpy as np
@@ -170,23 +166,31 @@ ACCELERATORS: dict[str, Accelerator] = {
     "h200": Accelerator("h200", 989 * TERA, 4.8e12, 141 * GB,
                         source="NVIDIA H200 datasheet (SXM)"),
 }
-CALIBRATED = ("cpu",)  # names measured on this machine rather than read from a table
+# names measured on this machine (``probes.accelerator``) rather than read from the table
+CALIBRATED = ("cpu",)
 
 
 def known_accelerators() -> list[str]:
   return sorted(ACCELERATORS) + list(CALIBRATED)
 
 
+def accelerator_key(name: str) -> str:
+  """The registry spelling of ``name``: case-insensitive, '-' = '_'."""
+  return str(name).strip().lower().replace("-", "_")
+
+
 def get_accelerator(name: str) -> Accelerator:
-  """The registry entry ``name`` (case-insensitive, '-' = '_'); "cpu" is
-  measured by ``calibrate_cpu`` once per process."""
+  """The table entry ``name`` (``accelerator_key`` spelling), or ``name``
+  itself when it is an ``Accelerator``. The measured "cpu" is not in the
+  table: ``probes.accelerator`` resolves it."""
   if isinstance(name, Accelerator):
     return name
-  key = str(name).strip().lower().replace("-", "_")
+  key = accelerator_key(name)
   if key in ACCELERATORS:
     return ACCELERATORS[key]
-  if key == "cpu":
-    return _calibrated_cpu()
+  if key in CALIBRATED:
+    raise ValueError(f"accelerator {name!r} is measured on this machine, not read from the "
+                     "table: resolve it with cbs_jax.probes.accelerator")
   raise ValueError(f"unknown accelerator {name!r}; known: {', '.join(known_accelerators())}")
 
 
@@ -199,96 +203,6 @@ def check_chips(chips) -> int:
 def _check_parallel(parallel: str) -> None:
   if parallel not in PARALLEL:
     raise ValueError(f"parallel={parallel!r} not in {list(PARALLEL)}")
-
-
-# ----------------------------------------------------------------- calibration
-
-class MatmulProbe:
-  """Times one ``n``-square matmul in ``dtype`` (2 n^3 FLOP) on ``device``
-  (default: jax's first device). ``probe()`` -> seconds of one call (the
-  first call compiles and is not timed); ``flops(seconds)`` -> FLOP/s."""
-
-  def __init__(self, n: int = 2048, dtype: str = "float32", device=None):
-    import jax
-    import jax.numpy as jnp
-    self.n = n
-    dev = device or jax.devices()[0]
-    a = jax.device_put(jax.random.normal(jax.random.key(0), (n, n), jnp.float32), dev)
-    self._a = a.astype(dtype)
-    self._f = jax.jit(lambda x: x @ x)
-    self._f(self._a).block_until_ready()
-
-  def probe(self) -> float:
-    t = time.perf_counter()
-    self._f(self._a).block_until_ready()
-    return time.perf_counter() - t
-
-  def flops(self, seconds: float) -> float:
-    return 2.0 * self.n ** 3 / seconds
-
-
-class BandwidthProbe:
-  """Times one full read of a float32 array of ``mib`` MiB (a sum over it:
-  every byte read once, as decoding reads weights and KV cache; far larger
-  than the CPU caches). ``probe()`` -> seconds; ``bandwidth(s)`` -> bytes/s."""
-
-  def __init__(self, mib: int = 256, device=None):
-    import jax
-    import jax.numpy as jnp
-    self.nbytes = mib * 2 ** 20
-    dev = device or jax.devices()[0]
-    self._x = jax.device_put(jnp.ones((self.nbytes // 4,), jnp.float32), dev)
-    # rows summed separately: every core streams its share (one flat
-    # reduction can run on a single thread and measure a core, not the chip)
-    self._f = jax.jit(lambda x: x.reshape(64, -1).sum(1))
-    self._f(self._x).block_until_ready()
-
-  def probe(self) -> float:
-    t = time.perf_counter()
-    self._f(self._x).block_until_ready()
-    return time.perf_counter() - t
-
-  def bandwidth(self, seconds: float) -> float:
-    return self.nbytes / seconds
-
-
-def _physical_memory() -> float:
-  try:
-    return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
-  except (ValueError, OSError, AttributeError):
-    return 8.0 * GIB
-
-
-def measured_accelerator(flops: float, bandwidth: float, name: str = "cpu",
-                         dtype: str = "float32", source: str = "") -> Accelerator:
-  """An ``Accelerator`` from measured FLOP/s and bytes/s (memory: this host's RAM)."""
-  return Accelerator(name, float(flops), float(bandwidth), _physical_memory(), dtype=dtype,
-                     source=source or "measured on this machine")
-
-
-def calibrate_cpu(matmul_n: int = 2048, bandwidth_mib: int = 256, reps: int = 3
-                  ) -> Accelerator:
-  """Measure this machine's roofline with jax, in one run.
-
-  FLOP/s: best of ``reps`` timings of a float32 ``matmul_n``-square matmul
-  (2 n^3 FLOP). Bandwidth: best of ``reps`` timings of a full read of a
-  float32 array of ``bandwidth_mib`` MiB (``BandwidthProbe``). Memory:
-  physical RAM. The default sizes take ~1-2 s on 2 cores. Other processes
-  sharing the cores lower both numbers; the best timing is the least
-  disturbed one.
-  """
-  import jax
-  dev = jax.devices("cpu")[0]
-  mm, bw = MatmulProbe(matmul_n, "float32", dev), BandwidthProbe(bandwidth_mib, dev)
-  flops = mm.flops(min(mm.probe() for _ in range(reps)))
-  band = bw.bandwidth(min(bw.probe() for _ in range(reps)))
-  return measured_accelerator(flops, band, source=f"calibrate_cpu(): {matmul_n}^2 f32 matmul, "
-                                                  f"{bandwidth_mib} MiB f32 read, on this machine")
-
-
-@functools.lru_cache(maxsize=1)
-def _calibrated_cpu() -> Accelerator:
-  return calibrate_cpu()
 
 
 # ------------------------------------------------------------------ model dims

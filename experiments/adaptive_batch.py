@@ -67,6 +67,7 @@ from cbs_jax import plots
 from cbs_jax import report
 from cbs_jax import stats
 from cbs_jax import study
+from cbs_jax import study_runner
 from cbs_jax import sweep
 from cbs_jax import train
 from configs import adaptive_batch
@@ -78,9 +79,9 @@ LEVEL = 0.9
 
 
 def parse_args(argv=None):
-  ap = study.parser(__doc__, NAME, "sweep root of the adaptive runs",
-                    on_root_help="the on-policy study's sweep root: its finished runs are "
-                                 "the fixed arms")
+  ap = study_runner.parser(__doc__, NAME, "sweep root of the adaptive runs",
+                           on_root_help="the on-policy study's sweep root: its finished runs are "
+                                        "the fixed arms")
   ap.add_argument("--throughput",
                   default="experiments/results/throughput_decision/throughput.json",
                   help='JSON of per-N rates, {"N": [...], "rollouts_per_s": [...]} (or a list '
@@ -94,7 +95,7 @@ def parse_args(argv=None):
   ap.add_argument("--small_n", type=int, default=0, help="small fixed N (0: the grid's least)")
   ap.add_argument("--large_n", type=int, default=0,
                   help="large fixed N (0: the grid's largest)")
-  args = study.parse(ap, argv)
+  args = study_runner.parse(ap, argv)
   args.signals = [s for s in args.signals.split(",") if s]
   bad = [s for s in args.signals if s not in adaptive_batch.SIGNALS]
   if bad or not args.signals:
@@ -259,10 +260,10 @@ def fixed_rows(args, tgt):
     c = batch_law.get_config("quick")
     over = [dict(o, seed=s) for o in batch_law.sweep("quick") if o["seed"] == 0
             for s in args.seeds]
-    return c, study.run_study(c, over, args.on_root, workers=args.workers)
+    return c, study_runner.run_study(c, over, args.on_root, workers=args.workers)
   c = batch_law.get_config("on")
   over = [o for o in batch_law.sweep("on") if o["seed"] in args.seeds]
-  return c, study.read_finished(over, args.on_root)
+  return c, study_runner.read_finished(over, args.on_root)
 
 
 def main(argv=None):
@@ -318,7 +319,7 @@ def main(argv=None):
     c.batch.adaptive_b_crit_ratio = float(ratio)
   over = [{"batch.adaptive_signal": s, "seed": sd} for s in args.signals for sd in args.seeds]
   grid = adaptive_batch.eval_grid(arg)
-  study.prepare_base(c, args.root)
+  study_runner.prepare_base(c, args.root)
   ad_rows = sweep.run_sweep(c, over, args.root, workers=args.workers,
                             run_fn=functools.partial(run_on_grid, grid=grid))
   for s in args.signals:

@@ -35,16 +35,19 @@ from cbs_jax import batch as batch_lib
 from cbs_jax import report
 from cbs_jax import stats
 from cbs_jax import study
+from cbs_jax import study_report
+from cbs_jax import study_runner
 from configs import batch_law
 
 NAME = "batch_law_off_policy"
 
 
 def parse_args(argv=None):
-  ap = study.parser(__doc__, NAME, "sweep root of the off-policy runs",
-                    on_root_help="sweep root of the on-policy study", root="runs/batch_law_off")
+  ap = study_runner.parser(__doc__, NAME, "sweep root of the off-policy runs",
+                           on_root_help="sweep root of the on-policy study",
+                           root="runs/batch_law_off")
   ap.add_argument("--reuse", default="4,8", help="updates per round (m) to run")
-  return study.parse(ap, argv)
+  return study_runner.parse(ap, argv)
 
 
 def quick_overrides(m):
@@ -62,9 +65,10 @@ def main(argv=None):
   tgt = batch_law.targets(arg_on)
   c_on = batch_law.get_config(arg_on)
   if args.quick:  # its own tiny on-policy sweep
-    on_rows = study.run_study(c_on, batch_law.sweep(arg_on), args.on_root, workers=args.workers)
+    on_rows = study_runner.run_study(c_on, batch_law.sweep(arg_on), args.on_root,
+                                     workers=args.workers)
   else:  # read back, never rerun: experiments/batch_law_on_policy.py runs it
-    on_rows = study.read_finished(batch_law.sweep(arg_on), args.on_root)
+    on_rows = study_runner.read_finished(batch_law.sweep(arg_on), args.on_root)
   on = study.collect(on_rows, tgt, c_on)
   fits = {"on": study.fit_targets(on, tgt)}
   records = {"on": on}
@@ -75,7 +79,7 @@ def main(argv=None):
       c, over = batch_law.get_config("quick"), quick_overrides(m)
     else:
       c, over = batch_law.get_config(name), batch_law.sweep(name)
-    rows = study.run_study(c, over, os.path.join(args.root, name), workers=args.workers)
+    rows = study_runner.run_study(c, over, os.path.join(args.root, name), workers=args.workers)
     records[name] = study.collect(rows, tgt, c)
     fits[name] = study.fit_targets(records[name], tgt, x="rounds")
     fits[f"{name}_steps"] = study.fit_targets(records[name], tgt, x="steps")
@@ -84,8 +88,8 @@ def main(argv=None):
   # ------------------------------------------------------------ tables
   show, cols = [], None
   for name, recs in records.items():
-    rows, cols = study.summary_table(study.per_batch_rows(recs, tgt), tgt,
-                                     extra=("updates/round",))
+    rows, cols = study_report.summary_table(study.per_batch_rows(recs, tgt), tgt,
+                                            extra=("updates/round",))
     for r, raw in zip(rows, study.per_batch_rows(recs, tgt)):
       r["updates/round"] = raw["updates_per_round"]
     show += rows
@@ -109,7 +113,7 @@ def main(argv=None):
   for name in fits:
     unit = "optimizer steps" if name.endswith("_steps") else "rounds"
     notes += [f"## {name}: S(N) = S_min (1 + B_crit / N) in {unit}", "",
-              *study.fit_lines(fits[name], unit), ""]
+              *study_report.fit_lines(fits[name], unit), ""]
   notes += ["## Off-policy over on-policy critical batch size (S in generation rounds)", "",
             *ratio_lines, "",
             "Published: on-policy ~311 rollouts, off-policy ~5,400-5,900 (~18x).",
@@ -117,14 +121,14 @@ def main(argv=None):
             f"bootstrap percentile intervals. Command: `{' '.join(['python'] + sys.argv)}`."]
   out.table(show, cols, title="Off-policy batch-size law: each round reused for m updates "
             "(rounds-to-target S, rollouts-to-target E)", notes="\n".join(notes))
-  study.write_runs_csv(out.path("_runs.csv"), [r for rs in records.values() for r in rs],
-                       tgt)
-  study.save_fits(out.path("_fits.json"), fits)
+  study_report.write_runs_csv(out.path("_runs.csv"), [r for rs in records.values() for r in rs],
+                              tgt)
+  study_report.save_fits(out.path("_fits.json"), fits)
   main_t = float(tgt[len(tgt) // 2])
   for name in records:
     if name != "on":
-      study.law_figures(out, records[name], fits[name][main_t], main_t,
-                        f"off-policy, {name[3:]} updates per round", prefix=f"_{name}")
+      study_report.law_figures(out, records[name], fits[name][main_t], main_t,
+                               f"off-policy, {name[3:]} updates per round", prefix=f"_{name}")
   out.manifest(config={k: v.to_dict() for k, v in configs.items()},
                wall_seconds=time.time() - t0, targets=list(tgt), reuse=ms)
 

@@ -40,6 +40,8 @@ from cbs_jax import measure
 from cbs_jax import report
 from cbs_jax import stats
 from cbs_jax import study
+from cbs_jax import study_report
+from cbs_jax import study_runner
 from cbs_jax import train
 from configs import batch_law
 
@@ -49,12 +51,13 @@ NEAR = 1.15
 
 
 def parse_args(argv=None):
-  ap = study.parser(__doc__, NAME, "sweep root (one workdir per run)", root=study.ON_ROOT,
-                    quick_root="runs_on")
+  # the other studies read this sweep back: its root is their --on_root default
+  ap = study_runner.parser(__doc__, NAME, "sweep root (one workdir per run)",
+                           root="runs/batch_law_on", quick_root="runs_on")
   ap.add_argument("--noise_batches", type=int, default=16,
                   help="batches pooled per B_noise measurement (0 = skip)")
   ap.add_argument("--tune", action="store_true", help="run the lr0 scan at N = 256 first")
-  args = study.parse(ap, argv)
+  args = study_runner.parse(ap, argv)
   if args.quick:
     args.noise_batches = min(args.noise_batches, 2)
   return args
@@ -71,7 +74,7 @@ def tune(args, out):
            "train.eval_every": batch_law.eval_every(N) if not args.quick else 2,
            "train.num_rounds": 24 if args.quick else 1200}
           for lr in TUNE_LRS]
-  rows = study.run_study(c, over, os.path.join(args.root, "tune"), workers=args.workers)
+  rows = study_runner.run_study(c, over, os.path.join(args.root, "tune"), workers=args.workers)
   recs = study.collect(rows, tgt, c)
   table = [dict(lr=r["lr"], **{f"rollouts@{t}": r["to_target"][float(t)]["rollouts"]
                                for t in tgt}) for r in recs]
@@ -115,7 +118,7 @@ def main(argv=None):
   arg = "quick" if args.quick else "on"
   c = batch_law.get_config(arg)
   tgt = batch_law.targets(arg)
-  rows = study.run_study(c, batch_law.sweep(arg), args.root, workers=args.workers)
+  rows = study_runner.run_study(c, batch_law.sweep(arg), args.root, workers=args.workers)
   recs = study.collect(rows, tgt, c)
   fits = study.fit_targets(recs, tgt, x="rounds")
   table = study.per_batch_rows(recs, tgt)
@@ -132,9 +135,9 @@ def main(argv=None):
                                     args.noise_batches, f"end of N={ref['N']} seed {ref['seed']}"))
 
   # ------------------------------------------------------------ the table
-  show, cols = study.summary_table(table, tgt)
+  show, cols = study_report.summary_table(table, tgt)
   notes = ["## S(N) = S_min (1 + B_crit / N), seeds as replicates (90% bootstrap intervals)",
-           "", *study.fit_lines(fits), ""]
+           "", *study_report.fit_lines(fits), ""]
   if noise_rows:
     notes += ["## Gradient-noise scale at the same K (pooled, ± jackknife SE)", "",
               report.markdown_table(
@@ -148,13 +151,13 @@ def main(argv=None):
             f"percentile intervals. Command: `{' '.join(['python'] + sys.argv)}`."]
   out.table(show, cols, title="On-policy batch-size law (GRPO, arithmetic, K = "
             f"{c.batch.rollouts_per_prompt})", notes="\n".join(notes))
-  study.write_runs_csv(out.path("_runs.csv"), recs, tgt)
-  study.save_fits(out.path("_fits.json"), {"on": fits}, noise=noise_rows)
+  study_report.write_runs_csv(out.path("_runs.csv"), recs, tgt)
+  study_report.save_fits(out.path("_fits.json"), {"on": fits}, noise=noise_rows)
   np.savez(out.path("_boot.npz"), **{str(t): fit["boot_B_crit"] for t, fit in fits.items()
                                      if "boot_B_crit" in fit})
   main_t = float(tgt[len(tgt) // 2])
   bn = [r["b_noise"] for r in noise_rows if r["b_noise"] == r["b_noise"]] or None
-  study.law_figures(out, recs, fits[main_t], main_t, "on-policy", b_noise=bn)
+  study_report.law_figures(out, recs, fits[main_t], main_t, "on-policy", b_noise=bn)
   out.manifest(config=c, wall_seconds=time.time() - t0,
                sweep=batch_law.sweep(arg), targets=list(tgt))
 

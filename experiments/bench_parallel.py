@@ -33,6 +33,10 @@ import time
 
 import numpy as np
 
+from cbs_jax import study_runner
+from cbs_jax import sweep
+from configs import batch_law
+
 
 def parse_args(argv=None):
   ap = argparse.ArgumentParser(description=__doc__,
@@ -54,7 +58,6 @@ def parse_args(argv=None):
 
 
 def _config(quick: bool, rounds: int, base_dir: str):
-  from configs import batch_law  # pylint: disable=import-outside-toplevel
   c = batch_law.get_config("quick" if quick else "on")
   c.sft.base_dir = base_dir                # absolute: every timed sweep shares it
   c.train.num_rounds = rounds
@@ -66,7 +69,6 @@ def _config(quick: bool, rounds: int, base_dir: str):
 
 def child(mode: str, root: str, ns: list[int], rounds: int, quick: bool, workers: int):
   """One timed sweep (runs in its own process): prints its wall seconds."""
-  from cbs_jax import sweep  # pylint: disable=import-outside-toplevel
   c = _config(quick, rounds, os.path.join(os.path.dirname(root), "sft_base"))
   K = c.batch.rollouts_per_prompt
   over = [{"batch.num_prompts": max(1, n // K), "seed": s} for n in ns for s in (0, 1)]
@@ -82,11 +84,10 @@ def main(argv=None):
     mode, root = os.environ["CBS_BENCH_CHILD"].split(":", 1)
     child(mode, root, args.ns, args.rounds, args.quick, args.workers)
     return
-  from cbs_jax import study  # pylint: disable=import-outside-toplevel
   tmp = tempfile.mkdtemp(prefix="cbs_bench_parallel_")
   base = os.path.join(tmp, "sft_base")
   print(f"building the shared SFT base in {base} (not timed) ...", flush=True)
-  study.prepare_base(_config(args.quick, args.rounds, base), tmp)
+  study_runner.prepare_base(_config(args.quick, args.rounds, base), tmp)
   order = []
   for r in range(args.repeats):
     order += ["sequential", "parallel"] if r % 2 == 0 else ["parallel", "sequential"]

@@ -30,8 +30,8 @@ Roofline (``systems.generation_roofline``): FLOPs per generated token
 (2 x active params + attention, prefill included) and bytes per step
 (weights once per step + the KV cache actually attended, Tp + t + 1
 positions at step t), against a float32 2048^2 matmul's FLOP/s and a 256 MiB
-read's bytes/s, both measured in this run (``systems.MatmulProbe``,
-``systems.BandwidthProbe``, medians). ``decode_vs_roofline`` = achieved
+read's bytes/s, both measured in this run (``probes.MatmulProbe``,
+``probes.BandwidthProbe``, medians). ``decode_vs_roofline`` = achieved
 tokens/s / the roofline's tokens/s. The last line is
 
     RESULT tokens_per_s=<cached, batch 1024> speedup_vs_recompute=<at batch 1024> decode_vs_roofline=<at batch 1024>
@@ -47,6 +47,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from cbs_jax import model as model_lib
+from cbs_jax import probes as probes_lib
 from cbs_jax import sampling
 from cbs_jax import scoring
 from cbs_jax import systems
@@ -140,7 +141,7 @@ def main():
   arms[f"generate {B0}"] = lambda: sampling.generate(graphdef, params, np_prompts, np_mask,
                                                      data[B0][2], **host_kw)
   jax.block_until_ready(arms[f"generate {B0}"]())  # compiles nothing new; warms the cache
-  mm, bw = systems.MatmulProbe(2048), systems.BandwidthProbe(256)
+  mm, bw = probes_lib.MatmulProbe(2048), probes_lib.BandwidthProbe(256)
   probes = {"matmul": mm.probe, "bandwidth": bw.probe}
 
   times = {k: [] for k in list(arms) + list(probes)}
@@ -157,7 +158,7 @@ def main():
         f"{k} {times[k][-1] * 1e3:.0f} ms" for k in arms if k.startswith("cached")), flush=True)
   med = {k: float(np.median(v)) for k, v in times.items()}
   flops, band = mm.flops(med["matmul"]), bw.bandwidth(med["bandwidth"])
-  acc = systems.measured_accelerator(flops, band, source="bench_sampler probes")
+  acc = probes_lib.measured_accelerator(flops, band, source="bench_sampler probes")
   print(f"measured: {flops / 1e9:.1f} GFLOP/s (f32 2048^2 matmul), {band / 1e9:.2f} GB/s "
         f"(256 MiB read), ridge {flops / band:.1f} FLOP/byte; medians of {args.runs}")
 

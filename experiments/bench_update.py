@@ -19,7 +19,7 @@ each shape is drawn with ``train.round_batch``.
   call (gather inside, ``lax.scan`` over updates, learning rates as an array).
 
 Both are warmed up (compile excluded) and timed round-robin with a float32
-2048^2 matmul (``systems.MatmulProbe``), medians of ``--repeats``. MFU:
+2048^2 matmul (``probes.MatmulProbe``), medians of ``--repeats``. MFU:
 training FLOPs of every update (``systems.train_flops``: 3 x a causal
 forward over prompt + completion tokens, = 6 x active params x tokens plus
 attention; the split path's extra work is not counted) over the scanned
@@ -37,6 +37,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from cbs_jax import model as model_lib
+from cbs_jax import probes
 from cbs_jax import systems
 from cbs_jax import train
 from configs import default as default_cfg
@@ -114,7 +115,7 @@ def main():
       c.batch.num_prompts = 8 if c.batch.num_minibatches == 1 else 16
       c.batch.rollouts_per_prompt = 4
       c.noise.chunk_prompts = 2
-  mm = systems.MatmulProbe(1024 if args.quick else 2048)
+  mm = probes.MatmulProbe(1024 if args.quick else 2048)
   print(f"{'shape':<12}{'params':>9}{'updates':>8}{'rollouts/upd':>13}"
         f"{'host ms':>10}{'scanned ms':>12}{'speedup':>9}{'MFU':>7}")
   res = {}

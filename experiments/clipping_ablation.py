@@ -32,16 +32,17 @@ from cbs_jax import plots
 from cbs_jax import report
 from cbs_jax import stats
 from cbs_jax import study
+from cbs_jax import study_runner
 from configs import drift_noise
 
 NAME = "clipping_ablation"
 
 
 def parse_args(argv=None):
-  ap = study.parser(__doc__, NAME, "sweep root, one run per variant and seed")
+  ap = study_runner.parser(__doc__, NAME, "sweep root, one run per variant and seed")
   ap.add_argument("--variants", default=",".join(drift_noise.CLIP_VARIANTS),
                   help="clipping schemes of configs/drift_noise.py")
-  args = study.parse(ap, argv)
+  args = study_runner.parse(ap, argv)
   for v in args.variants.split(","):
     if v not in drift_noise.CLIP_VARIANTS:
       ap.error(f"unknown variants {v!r}; known: {drift_noise.CLIP_VARIANTS}")
@@ -79,7 +80,7 @@ def main(argv=None):
         c = q
       c.seed = s
       configs[f"{v}__seed={s}"] = c
-  rows = study.run_variants(configs, args.root, workers=args.workers)
+  rows = study_runner.run_variants(configs, args.root, workers=args.workers)
   rec = {name: run_record(row["workdir"]) for name, row in rows.items()}
 
   table = []

@@ -42,7 +42,7 @@ from cbs_jax import noise
 from cbs_jax import plots
 from cbs_jax import report
 from cbs_jax import stats
-from cbs_jax import study
+from cbs_jax import study_runner
 from configs import drift_noise
 
 NAME = "drift_noise"
@@ -50,12 +50,12 @@ QUANTITIES = ("inflation", "trace_intra", "trace_inter", "g2", "b_noise")
 
 
 def parse_args(argv=None):
-  ap = study.parser(__doc__, NAME, "sweep root, one run <root>/<variant> each")
+  ap = study_runner.parser(__doc__, NAME, "sweep root, one run <root>/<variant> each")
   ap.add_argument("--reuse", default="2,4,8,16", help="updates per round m")
   ap.add_argument("--arms", default="pg,clip", help="pg (unclipped) and/or clip (0.2)")
   ap.add_argument("--skip_rounds", type=int, default=5,
                   help="first rounds left out of the pooling (Adam warming up)")
-  args = study.parse(ap, argv)
+  args = study_runner.parse(ap, argv)
   if args.quick:
     args.skip_rounds = 0
   return args
@@ -101,7 +101,7 @@ def main(argv=None):
   ms = [int(m) for m in args.reuse.split(",")]
   variants = ["quick"] if args.quick else [f"{a}{m}" for a in arms for m in ms]
   configs = {v: drift_noise.get_config(v) for v in variants}
-  rows = study.run_variants(configs, args.root, workers=args.workers)
+  rows = study_runner.run_variants(configs, args.root, workers=args.workers)
   table = []
   for v, c in configs.items():
     row = rows[v]

@@ -36,6 +36,8 @@ from cbs_jax import plots
 from cbs_jax import report
 from cbs_jax import stats
 from cbs_jax import study
+from cbs_jax import study_report
+from cbs_jax import study_runner
 from configs import batch_law
 
 NAME = "lr_scaling"
@@ -44,11 +46,11 @@ HOLDS = 1.25
 
 
 def parse_args(argv=None):
-  ap = study.parser(__doc__, NAME, "sweep root of the constant/linear runs",
-                    on_root_help="the on-policy study's sweep root, the sqrt runs")
+  ap = study_runner.parser(__doc__, NAME, "sweep root of the constant/linear runs",
+                           on_root_help="the on-policy study's sweep root, the sqrt runs")
   ap.add_argument("--rules", default=",".join(RULES),
                   help="rules to compare, comma-separated (the sqrt runs are read back)")
-  args = study.parse(ap, argv)
+  args = study_runner.parse(ap, argv)
   args.rules = [r for r in args.rules.split(",") if r]
   bad = [r for r in args.rules if r not in RULES]
   if bad or not args.rules:
@@ -83,16 +85,16 @@ def main(argv=None):
       c = batch_law.get_config("quick")
       c.optim.lr_rule = rule
       where = args.on_root if rule == "sqrt" else os.path.join(args.root, rule)
-      rows = study.run_study(c, batch_law.sweep("quick"), where, workers=args.workers)
+      rows = study_runner.run_study(c, batch_law.sweep("quick"), where, workers=args.workers)
     elif rule == "sqrt":
       c = batch_law.get_config("on")
       over = [o for o in batch_law.sweep("on")
               if o["batch.num_prompts"] * batch_law.K in batch_law.LR_NS]
-      rows = study.read_finished(over, args.on_root)
+      rows = study_runner.read_finished(over, args.on_root)
     else:
       c = batch_law.get_config(f"lr_{rule}")
-      rows = study.run_study(c, batch_law.sweep(f"lr_{rule}"), os.path.join(args.root, rule),
-                             workers=args.workers)
+      rows = study_runner.run_study(c, batch_law.sweep(f"lr_{rule}"), os.path.join(args.root, rule),
+                                    workers=args.workers)
     records[rule], configs[rule] = study.collect(rows, tgt, c), c
 
   table, curves_fig = [], []
@@ -127,8 +129,8 @@ def main(argv=None):
            f"Command: `{' '.join(['python'] + sys.argv)}`."]
   out.table(table, cols, title=f"Learning-rate rules across N (target {main_t})",
             notes="\n\n".join(notes))
-  study.write_runs_csv(out.path("_runs.csv"), [dict(r, name=f"{k}/{r['name']}")
-                                               for k, v in records.items() for r in v], tgt)
+  study_report.write_runs_csv(out.path("_runs.csv"), [dict(r, name=f"{k}/{r['name']}")
+                                                      for k, v in records.items() for r in v], tgt)
   for rule in rules:
     fig = plots.learning_curves([c for c in curves_fig if c["label"].startswith(rule + " ")],
                                 target=main_t, title=f"lr rule: {rule}",

@@ -37,6 +37,7 @@ from cbs_jax import plots
 from cbs_jax import report
 from cbs_jax import stats
 from cbs_jax import study
+from cbs_jax import study_runner
 from cbs_jax import train
 from configs import noise_anatomy
 
@@ -46,11 +47,11 @@ KS = (4, 16, 64)           # K measured directly on the mixed variant
 
 
 def parse_args(argv=None):
-  ap = study.parser(__doc__, NAME, "one sweep root per variant below it", workers=False)
+  ap = study_runner.parser(__doc__, NAME, "one sweep root per variant below it", workers=False)
   ap.add_argument("--variants", default="mixed,homog,steps,countdown,large",
                   help="comma-separated variants of configs/noise_anatomy.py")
   ap.add_argument("--batches", type=int, default=12, help="batches pooled per measurement")
-  args = study.parse(ap, argv)
+  args = study_runner.parse(ap, argv)
   for v in args.variants.split(","):
     if v not in noise_anatomy.VARIANTS:
       ap.error(f"unknown variants {v!r}; known: {noise_anatomy.VARIANTS}")
@@ -91,8 +92,8 @@ def main(argv=None):
     over = {}
     if v == "steps" and ref_pass is not None:
       over = {"train.stop_at_pass_rate": round(float(ref_pass), 3)}
-    row = study.run_study(configs[v], [over], os.path.join(args.root, v),
-                          workers=1, progress=False)[0]
+    row = study_runner.run_study(configs[v], [over], os.path.join(args.root, v),
+                                 workers=1, progress=False)[0]
     workdirs[v] = row["workdir"]
     if v in ("mixed", "quick"):
       ref_pass = sampled_pass(row["workdir"])[-1][1]

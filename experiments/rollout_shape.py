@@ -32,6 +32,8 @@ from cbs_jax import plots
 from cbs_jax import report
 from cbs_jax import stats
 from cbs_jax import study
+from cbs_jax import study_report
+from cbs_jax import study_runner
 from cbs_jax import train
 from configs import batch_law
 
@@ -39,11 +41,11 @@ NAME = "rollout_shape"
 
 
 def parse_args(argv=None):
-  ap = study.parser(__doc__, NAME, "sweep root",
-                    on_root_help="the on-policy study's sweep root, the K = 16 runs")
+  ap = study_runner.parser(__doc__, NAME, "sweep root",
+                           on_root_help="the on-policy study's sweep root, the K = 16 runs")
   ap.add_argument("--noise_batches", type=int, default=8,
                   help="batches of 1,024 rollouts pooled per K (0 = skip)")
-  args = study.parse(ap, argv)
+  args = study_runner.parse(ap, argv)
   if args.quick:
     args.noise_batches = min(args.noise_batches, 2)
   return args
@@ -60,15 +62,15 @@ def main(argv=None):
              "train.eval_every": 2, "train.num_rounds": batch_law.QUICK_ROUNDS}
             for k in (2, 8) for s in batch_law.SEEDS]
     tgt, ns, noise_n = batch_law.targets("quick"), (16,), 16
-    rows = study.run_study(c, over, args.root, workers=args.workers)
+    rows = study_runner.run_study(c, over, args.root, workers=args.workers)
     on = [o for o in batch_law.sweep("quick") if o["batch.num_prompts"] == 4]
-    rows += study.run_study(c, on, args.on_root, workers=args.workers)
+    rows += study_runner.run_study(c, on, args.on_root, workers=args.workers)
   else:
     c = batch_law.get_config("shape")
     tgt, ns, noise_n = batch_law.TARGETS, batch_law.SHAPE_NS, 1024
-    rows = study.run_study(c, batch_law.sweep("shape"), args.root, workers=args.workers)
+    rows = study_runner.run_study(c, batch_law.sweep("shape"), args.root, workers=args.workers)
     on = [o for o in batch_law.sweep("on") if o["batch.num_prompts"] * batch_law.K in ns]
-    rows += study.read_finished(on, args.on_root)
+    rows += study_runner.read_finished(on, args.on_root)
   recs = study.collect(rows, tgt, c)
   main_t = float(tgt[len(tgt) // 2])
   table = study.per_batch_rows(recs, tgt, key=lambda r: (r["N"], r["K"]))
@@ -115,7 +117,7 @@ def main(argv=None):
            f"{noise_n} rollouts as (N/K) x K, ± jackknife SE.",
            f"Command: `{' '.join(['python'] + sys.argv)}`."]
   out.table(rows_md, cols, title="Rollout shape at fixed N", notes="\n".join(notes))
-  study.write_runs_csv(out.path("_runs.csv"), recs, tgt)
+  study_report.write_runs_csv(out.path("_runs.csv"), recs, tgt)
   series = {f"N={N}": [r[f"rounds@{main_t}"] for r in table if r["N"] == N] for N in ns}
   ks = {N: [r["K"] for r in table if r["N"] == N] for N in ns}
   key = f"rounds@{main_t}"

@@ -40,9 +40,11 @@ import numpy as np
 from absl import logging
 
 from cbs_jax import plots
+from cbs_jax import probes
 from cbs_jax import report
 from cbs_jax import stats
 from cbs_jax import study
+from cbs_jax import study_runner
 from cbs_jax import systems
 from cbs_jax import train
 from configs import batch_law
@@ -51,13 +53,13 @@ NAME = "throughput_decision"
 
 
 def parse_args(argv=None):
-  ap = study.parser(__doc__, NAME, "workdirs of the benchmark and of --measure",
-                    on_root_help="the on-policy study's sweep root (E(N), the SFT base)",
-                    workers=False)
+  ap = study_runner.parser(__doc__, NAME, "workdirs of the benchmark and of --measure",
+                           on_root_help="the on-policy study's sweep root (E(N), the SFT base)",
+                           workers=False)
   ap.add_argument("--repeats", type=int, default=5, help="timed rounds per N (median)")
   ap.add_argument("--measure", action="store_true",
                   help="also rerun seed 0 of every N and time it to the target")
-  args = study.parse(ap, argv)
+  args = study_runner.parse(ap, argv)
   if args.quick:
     args.repeats = 2
   return args
@@ -110,9 +112,9 @@ def main(argv=None):
   main_t = float(tgt[len(tgt) // 2])
   sweep_over = batch_law.sweep(arg)
   if args.quick:
-    on_rows = study.run_study(c, sweep_over, args.on_root, workers=1)
+    on_rows = study_runner.run_study(c, sweep_over, args.on_root, workers=1)
   else:
-    on_rows = study.read_finished(sweep_over, args.on_root)
+    on_rows = study_runner.read_finished(sweep_over, args.on_root)
   recs = study.collect(on_rows, tgt, c)
   ns = sorted({r["N"] for r in recs})
   K = c.batch.rollouts_per_prompt
@@ -123,7 +125,7 @@ def main(argv=None):
     bc.sft.base_dir = os.path.abspath(os.path.join(args.on_root, "sft_base"))
     bc.train.eval_every = 0
   thr, setup = benchmark(bc, args.root, ns, args.repeats)
-  acc = systems.calibrate_cpu()
+  acc = probes.calibrate_cpu()
   Tp, Tc = setup.layout.prompt_len, setup.layout.completion_len
   for t in thr:
     t["roofline_rollouts_per_s"] = systems.rollouts_per_s(bc.model, acc, t["N"], Tp, Tc)
@@ -140,8 +142,8 @@ def main(argv=None):
   if args.measure:
     for N in ns:
       o = next(o for o in sweep_over if o["batch.num_prompts"] * K == N and o["seed"] == 0)
-      row = study.run_study(c, [o], os.path.join(args.root, "measure"), workers=1,
-                            progress=False)[0]
+      row = study_runner.run_study(c, [o], os.path.join(args.root, "measure"), workers=1,
+                                   progress=False)[0]
       measured[N] = study.time_to_target(row["workdir"], main_t)
   rows = []
   for i, N in enumerate(ns):

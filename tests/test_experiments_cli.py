@@ -3,12 +3,14 @@ directory: no sys.path edits needed), a bad flag, and every study's
 ``--quick`` mode end to end, chained the way the full studies are: the
 on-policy sweep first, the others reading its runs back. Each must write
 the files its docstring promises, under ``--out`` only."""
+import importlib.util
 import os
 import subprocess
 import sys
 
 import pytest
 
+from cbs_jax import study_runner
 from cbs_jax.batch import SIGNALS
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -139,22 +141,32 @@ def test_bad_flag_is_an_error(script, flag, tmp_path):
 
 
 def test_study_command_line_puts_quick_runs_under_out(tmp_path):
-  """``study.parser`` / ``parse``: the defaults, --quick's paths under --out
-  (what was given explicitly is kept), and a bad --workers is an error."""
-  from cbs_jax import study
-  ap = study.parser("doc", "demo", "sweep root", on_root_help="on-policy root")
-  a = study.parse(ap, [])
-  assert (a.root, a.on_root, a.out, a.workers) == ("runs/demo", study.ON_ROOT,
-                                                   study.RESULTS, 2)
-  a = study.parse(ap, ["--quick", f"--out={tmp_path}"])
+  """``study_runner.parser`` / ``parse``: the defaults, --quick's paths under
+  --out (what was given explicitly is kept), and a bad --workers is an error."""
+  ap = study_runner.parser("doc", "demo", "sweep root", on_root_help="on-policy root")
+  a = study_runner.parse(ap, [])
+  assert (a.root, a.on_root, a.out, a.workers) == ("runs/demo", "runs/batch_law_on",
+                                                   study_runner.RESULTS, 2)
+  a = study_runner.parse(ap, ["--quick", f"--out={tmp_path}"])
   assert a.root == os.path.join(tmp_path, "runs_demo")
   assert a.on_root == os.path.join(tmp_path, "runs_on")
-  a = study.parse(ap, ["--quick", f"--out={tmp_path}", "--root=r", "--on_root=o"])
+  a = study_runner.parse(ap, ["--quick", f"--out={tmp_path}", "--root=r", "--on_root=o"])
   assert (a.root, a.on_root) == ("r", "o")
-  a = study.parse(ap, ["--quick"])  # a fresh temp folder
-  assert a.out != study.RESULTS and os.path.isdir(a.out) and a.root.startswith(a.out)
+  a = study_runner.parse(ap, ["--quick"])  # a fresh temp folder
+  assert a.out != study_runner.RESULTS and os.path.isdir(a.out) and a.root.startswith(a.out)
   with pytest.raises(SystemExit):
-    study.parse(ap, ["--workers=0"])
-  plain = study.parser("doc", "demo", "root", workers=False, root="x", quick_root="q")
-  a = study.parse(plain, ["--quick", f"--out={tmp_path}"])
+    study_runner.parse(ap, ["--workers=0"])
+  plain = study_runner.parser("doc", "demo", "root", workers=False, root="x", quick_root="q")
+  a = study_runner.parse(plain, ["--quick", f"--out={tmp_path}"])
   assert a.root == os.path.join(tmp_path, "q") and not hasattr(a, "on_root")
+
+
+def test_on_policy_root_is_where_the_other_studies_read_it():
+  """batch_law_on_policy's --root default is the --on_root default of the
+  studies that read its sweep back (``study_runner.parser``)."""
+  path = os.path.join(ROOT, "experiments", "batch_law_on_policy.py")
+  spec = importlib.util.spec_from_file_location("batch_law_on_policy", path)
+  script = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(script)
+  reader = study_runner.parser("doc", "demo", "root", on_root_help="on-policy root")
+  assert script.parse_args([]).root == reader.get_default("on_root") == "runs/batch_law_on"

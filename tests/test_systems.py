@@ -1,4 +1,5 @@
-"""Roofline model: hand-computed numbers from the spec sheets."""
+"""Roofline model: hand-computed numbers from the spec sheets; the probes that
+measure this machine's numbers instead."""
 import math
 import time
 
@@ -6,6 +7,7 @@ import numpy as np
 import pytest
 
 from cbs_jax import model
+from cbs_jax import probes
 from cbs_jax import systems
 
 # A Qwen2.5-0.5B-shaped model: tied embeddings, q/k/v biases, GQA 14:2.
@@ -160,6 +162,10 @@ def test_kv_memory_splits_decoding_into_waves():
 def test_errors_name_the_bad_value():
   with pytest.raises(ValueError, match=r"unknown accelerator 'a100'.*h100_sxm.*tpu_v4.*cpu"):
     systems.get_accelerator("a100")
+  with pytest.raises(ValueError, match=r"unknown accelerator 'a100'.*h100_sxm.*tpu_v4.*cpu"):
+    probes.accelerator("a100")
+  with pytest.raises(ValueError, match=r"'Cpu' is measured on this machine.*probes.accelerator"):
+    systems.get_accelerator("Cpu")
   for bad in (0, -2, 1.5, True):
     with pytest.raises(ValueError, match="chips must be a positive integer"):
       systems.decode_step(QWEN, "h200", 1, 1, chips=bad)
@@ -191,7 +197,7 @@ def test_spec_sheet_entries():
 
 def test_calibrate_cpu_is_positive_finite_and_fast():
   t = time.perf_counter()
-  a = systems.calibrate_cpu(reps=2)
+  a = probes.calibrate_cpu(reps=2)
   elapsed = time.perf_counter() - t
   assert elapsed < 10.0
   for v in (a.peak_flops, a.hbm_bandwidth, a.memory_bytes):
@@ -199,7 +205,8 @@ def test_calibrate_cpu_is_positive_finite_and_fast():
   # plausible for any CPU: 1 GFLOP/s .. 100 TFLOP/s, 0.1 GB/s .. 10 TB/s
   assert 1e9 < a.peak_flops < 1e14 and 1e8 < a.hbm_bandwidth < 1e13
   assert a.dtype == "float32" and a.dtype_bytes == 4
-  assert systems.get_accelerator("CPU") is systems.get_accelerator("cpu")  # measured once
+  assert probes.accelerator("CPU") is probes.accelerator("cpu")  # measured once
+  assert probes.accelerator("h200") is systems.get_accelerator("h200")
 
 
 def test_generation_roofline_by_hand():
@@ -232,11 +239,11 @@ def test_generation_roofline_by_hand():
 
 
 def test_probes_measure_positive_rates():
-  mm = systems.MatmulProbe(256)
-  bw = systems.BandwidthProbe(16)
+  mm = probes.MatmulProbe(256)
+  bw = probes.BandwidthProbe(16)
   t_mm, t_bw = mm.probe(), bw.probe()
   assert t_mm > 0 and t_bw > 0
   assert mm.flops(2.0) == pytest.approx(2 * 256 ** 3 / 2.0)
   assert bw.bandwidth(2.0) == pytest.approx(16 * 2 ** 20 / 2.0)
-  acc = systems.measured_accelerator(mm.flops(t_mm), bw.bandwidth(t_bw))
+  acc = probes.measured_accelerator(mm.flops(t_mm), bw.bandwidth(t_bw))
   assert acc.dtype == "float32" and acc.memory_bytes > 0
