@@ -147,31 +147,20 @@ def fieller_interval(num: float, den: float, var_num: float, var_den: float,
 
 
 def t_quantile_like(z: float, dof: float) -> float:
-  """The Student-t quantile with ``dof`` degrees of freedom at the coverage
-  of the normal quantile ``z`` (e.g. z = 2 -> t_{0.977, dof}); no scipy.
+  """The Student-t quantile with ``dof`` degrees of freedom at the coverage of
+  the normal quantile ``z``: F_t^-1(Phi(z); dof) (z = 2 -> t_{0.977, dof}).
 
-  dof >= 2: the Cornish-Fisher expansion of Hill (1970, CACM 13:617) in
-  1/dof to 4th order (within 1% of the exact quantile for z <= 2; at z = 3
-  10% narrow at dof = 2, 2.5% at dof = 3); 1 <= dof < 2: linear in 1/dof
-  between the closed forms at dof = 1 (tan(pi (p - 1/2))) and dof = 2
-  ((2p - 1) / sqrt(2 p (1 - p))), never narrower than exact; dof < 1: inf.
-  ``tests/test_adaptive.py`` checks it against scipy."""
+  An interval +- z SE with an SE estimated from dof degrees of freedom
+  covers less than the normal's 2 Phi(z) - 1; +- ``t_quantile_like(z, dof)``
+  SE restores it (exactly, for a normal sample's mean and its sample SD).
+  ``dof`` need not be an integer (e.g. Kish's effective sample size less
+  one). dof < 1 (or nan): inf (too few to estimate a spread); dof = inf: z.
+  """
   if not dof >= 1:
     return math.inf
   if math.isinf(dof):
     return float(z)
-  if dof < 2:
-    p = 0.5 * math.erfc(-z / math.sqrt(2.0))
-    t1 = math.tan(math.pi * (p - 0.5))
-    t2 = (2 * p - 1) / math.sqrt(2 * p * (1 - p))
-    return float(t1 + (t2 - t1) * (1 - 1 / dof) * 2)
-  z2 = z * z
-  g1 = (z2 + 1) * z / 4
-  g2 = ((5 * z2 + 16) * z2 + 3) * z / 96
-  g3 = (((3 * z2 + 19) * z2 + 17) * z2 - 15) * z / 384
-  g4 = ((((79 * z2 + 776) * z2 + 1482) * z2 - 1920) * z2 - 945) * z / 92160
-  n = float(dof)
-  return float(z + g1 / n + g2 / n ** 2 + g3 / n ** 3 + g4 / n ** 4)
+  return float(sps.t.ppf(sps.norm.cdf(z), dof))
 
 
 def fmt(value, lo=None, hi=None, se=None, digits: int = 3) -> str:
