@@ -5,10 +5,10 @@ gradients, their squared norms, group means, the four split microbatch
 gradients) is computed elsewhere (``gradstats``, ``ghost``) and handed here
 as small sufficient statistics (:class:`GroupMoments`, :class:`SplitMoments`).
 Every function here is a pure ``jax.numpy`` function (jittable, vmappable;
-the integers ``P``, ``K`` and the split sizes are static pytree metadata)
-that returns estimate dicts of arrays: ``dict(trace_intra, trace_inter, g2)``
-(:data:`ESTIMATE_KEYS`) or, from the two-batch path, ``dict(trace_total,
-g2)``. The host-side summaries of those dicts (noise scales, flags, pooling
+the integers ``P``, ``K`` and the split sizes are static pytree metadata).
+The estimators return dicts of arrays: ``dict(trace_intra, trace_inter,
+g2)`` (:data:`ESTIMATE_KEYS`) or, from the two-batch path,
+``dict(trace_total, g2)``. The host-side summaries of those dicts (noise scales, flags, pooling
 with jackknife SEs) are ``noise_stats``; the live EMA tracker with its
 interval is ``noise_tracker``.
 
