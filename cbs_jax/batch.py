@@ -158,7 +158,7 @@ def ratio_interval(boot_num, boot_den, level: float = 0.9) -> tuple[float, float
 # number of rollouts with an interval (``signal_interval``):
 #
 #   b_noise       the split-microbatch tracker's B_noise at the run's K
-#                 (``noise.NoiseEMA.interval``), raw gradients.
+#                 (``noise_tracker.NoiseEMA.interval``), raw gradients.
 #   b_noise_adam  the same tracker in Adam's preconditioned metric (the noise
 #                 scale of the update Adam actually takes).
 #   b_crit        the B_crit implied by a fit: b_crit_ratio x the raw tracker.
@@ -190,7 +190,7 @@ SIGNALS = ("b_noise", "b_noise_adam", "b_crit")
 def signal_interval(kind: str, raw: dict, adam: dict | None = None,
                     b_crit_ratio: float = 0.0) -> dict:
   """The controller's signal (rollouts) and its interval from the trackers'
-  intervals (``noise.NoiseEMA.interval``: dicts with b_noise, se, lo, hi,
+  intervals (``noise_tracker.NoiseEMA.interval``: dicts with b_noise, se, lo, hi,
   resolved): ``raw`` for b_noise and b_crit (times ``b_crit_ratio``),
   ``adam`` for b_noise_adam. Returns ``dict(value, se, lo, hi, resolved)``."""
   if kind not in SIGNALS:

@@ -49,6 +49,7 @@ from ml_collections import config_flags
 from cbs_jax import checkpoint as ckpt_lib
 from cbs_jax import gradstats
 from cbs_jax import noise
+from cbs_jax import noise_stats
 from cbs_jax import rl
 from cbs_jax import train
 
@@ -137,9 +138,10 @@ def measure(config, graphdef, params, setup, P: int, K: int, M: int,
   to_np = lambda ests: [{k: float(v) for k, v in e.items()} for e in ests]
   res = dict(P=P, K=K, M=M, reward_mean=float(np.mean(rewards)),
              aggregation=c.rl.aggregation,
-             exact=noise.pooled_estimates(to_np(exact), P, K),
-             split=noise.pooled_estimates(to_np(split), P, K),
-             groups={g: noise.pooled_estimates(to_np(v), P, K) for g, v in leaf_stats.items()})
+             exact=noise_stats.pooled_estimates(to_np(exact), P, K),
+             split=noise_stats.pooled_estimates(to_np(split), P, K),
+             groups={g: noise_stats.pooled_estimates(to_np(v), P, K)
+                     for g, v in leaf_stats.items()})
   if by_diff:
     contrib = np.stack([d["contribution"] for d in by_diff])   # [M, G]
     count = np.stack([d["count"] for d in by_diff]).sum(0)
@@ -149,7 +151,7 @@ def measure(config, graphdef, params, setup, P: int, K: int, M: int,
                      prompts=int(count[g]))
         for g in range(contrib.shape[1]) if count[g] > 0}
   if adam:
-    res["adam"] = noise.pooled_estimates(to_np(adam), P, K)
+    res["adam"] = noise_stats.pooled_estimates(to_np(adam), P, K)
   return res
 
 

@@ -2,12 +2,15 @@ r"""Gradient-noise estimators: the statistics behind B_intra, B_inter, B_noise.
 
 This module holds the *estimators* only. The model side (per-rollout
 gradients, their squared norms, group means, the four split microbatch
-gradients) is computed elsewhere and handed here as small sufficient
-statistics (:class:`GroupMoments`, :class:`SplitMoments`) or as estimate
-dicts. Everything that takes arrays is a pure ``jax.numpy`` function
-(jittable, vmappable; the integers ``P``, ``K`` and the split sizes are static
-pytree metadata); everything that returns :class:`NoiseStats` is host-side
-Python on floats.
+gradients) is computed elsewhere (``gradstats``, ``ghost``) and handed here
+as small sufficient statistics (:class:`GroupMoments`, :class:`SplitMoments`).
+Every function here is a pure ``jax.numpy`` function (jittable, vmappable;
+the integers ``P``, ``K`` and the split sizes are static pytree metadata).
+The estimators return dicts of arrays: ``dict(trace_intra, trace_inter,
+g2)`` (:data:`ESTIMATE_KEYS`) or, from the two-batch path,
+``dict(trace_total, g2)``. The host-side summaries of those dicts (noise scales, flags, pooling
+with jackknife SEs) are ``noise_stats``; the live EMA tracker with its
+interval is ``noise_tracker``.
 
 Notation (DESIGN.md)
 --------------------
@@ -110,14 +113,12 @@ equals B_noise(K). Unbiasedness is by linearity of expectation, so it holds
 whether the small batch is a sub-batch of the big one or independent. If the
 two batches have different K the quantity is a mixture and not meaningful.
 
-Ratios, EMAs and pooling
-------------------------
-Noise scales are ratios of estimates; the ratio of unbiased estimates is not
-unbiased, and a single batch's G2 can be negative. :class:`NoiseEMA` smooths
-numerators and denominators separately (ratio of EMAs, as McCandlish et al.
-do); :func:`pooled_estimates` averages M batches at fixed parameters and gives
-delete-one jackknife standard errors for every quantity, reporting noise
-scales only where G2 > 2 se(G2).
+Ratios
+------
+Noise scales are ratios of these estimates; the ratio of unbiased estimates
+is not unbiased, and a single batch's G2 can be negative. Forming the ratios
+is left to ``noise_stats`` (one batch, or M pooled) and ``noise_tracker``
+(ratio of EMAs).
 
 Numerics
 --------
@@ -130,18 +131,16 @@ squaring and forms ``cross`` from direct dot products.
 
 from __future__ import annotations
 
-import dataclasses
-import math
-from typing import Any, Mapping
+from typing import Any
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from flax import struct
 
 Array = Any
 
-_KEYS3 = ("trace_intra", "trace_inter", "g2")
+# The keys of every estimate dict with the components (exact and split paths).
+ESTIMATE_KEYS = ("trace_intra", "trace_inter", "g2")
 
 
 # ----------------------------------------------------------------------------
@@ -159,6 +158,12 @@ def _check_P(P) -> None:
     raise ValueError(
         f"P={P}: inter-prompt variance undefined for P=1 "
         "(need P >= 2 prompts)")
+
+
+def check_batch_shape(P, K) -> None:
+  """ValueError naming P (P < 2) or K (K < 2): the components need both."""
+  _check_P(P)
+  _check_K(K)
 
 
 def _acc_dtype(x) -> Any:
@@ -417,412 +422,3 @@ def two_batch_estimates(sqnorm_small: Array, b_small, sqnorm_big: Array,
   g2 = (b_b * sqnorm_big - b_s * sqnorm_small) / (b_b - b_s)
   trace = (sqnorm_small - sqnorm_big) / (1.0 / b_s - 1.0 / b_b)
   return dict(trace_total=trace, g2=g2)
-
-
-# ----------------------------------------------------------------------------
-# Results.
-# ----------------------------------------------------------------------------
-_NAN = float("nan")
-
-
-@dataclasses.dataclass(frozen=True)
-class NoiseStats:
-  """Noise estimates of one batch, an EMA, or a pool of batches.
-
-  Attributes:
-    g2: estimate of |G|^2.
-    trace_intra, trace_inter: tr Sigma_intra(K), tr Sigma_inter(K) (nan when
-      only the two-batch path was used).
-    b_intra: trace_intra/g2, in rollouts.
-    b_inter: trace_inter/g2, in prompts.
-    b_noise: b_intra + K b_inter = tr Sigma_eff(K)/|G|^2, in rollouts, the
-      noise scale of a batch at this K.
-    b_simple: McCandlish's B_simple = tr(Sigma)/|G|^2 with Sigma the
-      effective per-rollout covariance at this K, Sigma_eff(K). It is the
-      same quantity as b_noise (equal by construction when the components
-      are known); from the two-batch path it is trace_total/g2, and b_noise
-      is set to it as well while b_intra, b_inter stay nan.
-    trace_total: tr Sigma_eff(K) = trace_intra + K trace_inter.
-    K, P: the batch shape the K-dependent fields refer to.
-    g2_positive: False when g2 <= 0 (single batch / EMA), g2 not
-      significantly positive (pooled: g2 <= 2 se), non-finite, or a zero
-      gradient; then every b_* (and its se) is nan and ``flag`` says why.
-    flag: "" or the reason(s), "; "-joined.
-    *_se: standard errors (nan when not computed).
-    ratio: trace_intra/trace_inter, the per-rollout intra:inter variance
-      ratio (nan when trace_inter <= 0); ratio_se its se.
-    n_batches: batches behind the estimate (pooled M; 1 otherwise; EMA: the
-      number of updates).
-  """
-  g2: float
-  trace_intra: float
-  trace_inter: float
-  b_intra: float
-  b_inter: float
-  b_noise: float
-  b_simple: float
-  K: int
-  P: int
-  g2_positive: bool
-  flag: str
-  trace_total: float = _NAN
-  g2_se: float = _NAN
-  trace_intra_se: float = _NAN
-  trace_inter_se: float = _NAN
-  trace_total_se: float = _NAN
-  b_intra_se: float = _NAN
-  b_inter_se: float = _NAN
-  b_noise_se: float = _NAN
-  b_simple_se: float = _NAN
-  ratio: float = _NAN
-  ratio_se: float = _NAN
-  n_batches: int = 1
-
-
-def _derived(v: Mapping[str, np.ndarray], K: int) -> dict[str, np.ndarray]:
-  """All reported quantities from (pooled) trI, trB, G2 or trace_total, G2.
-
-  Raw ratios, no masking (used for jackknife replicates too).
-  """
-  with np.errstate(divide="ignore", invalid="ignore"):
-    g2 = np.asarray(v["g2"], np.float64)
-    if "trace_intra" in v:
-      ti = np.asarray(v["trace_intra"], np.float64)
-      tb = np.asarray(v["trace_inter"], np.float64)
-      tt = ti + K * tb
-      out = dict(g2=g2, trace_intra=ti, trace_inter=tb, trace_total=tt,
-                 b_intra=ti / g2, b_inter=tb / g2, b_noise=tt / g2,
-                 b_simple=tt / g2, ratio=ti / tb)
-    else:
-      tt = np.asarray(v["trace_total"], np.float64)
-      nan = np.full_like(g2, np.nan)
-      out = dict(g2=g2, trace_intra=nan, trace_inter=nan, trace_total=tt,
-                 b_intra=nan, b_inter=nan, b_noise=tt / g2, b_simple=tt / g2,
-                 ratio=nan)
-  return out
-
-
-_B_FIELDS = ("b_intra", "b_inter", "b_noise", "b_simple")
-
-
-def _to_float(x) -> float:
-  return float(np.asarray(x, np.float64))
-
-
-def _normalise(estimates: Mapping[str, Any], P, K) -> dict[str, float]:
-  if "trace_intra" in estimates or "trace_inter" in estimates:
-    missing = [k for k in _KEYS3 if k not in estimates]
-    if missing:
-      raise KeyError(f"estimates lack {missing}")
-    _check_P(P)
-    _check_K(K)
-    return {k: _to_float(estimates[k]) for k in _KEYS3}
-  if "trace_total" in estimates and "g2" in estimates:
-    if P < 1 or K < 1:
-      raise ValueError(f"P={P}, K={K} must be positive")
-    return {k: _to_float(estimates[k]) for k in ("trace_total", "g2")}
-  raise KeyError("estimates need (trace_intra, trace_inter, g2) or "
-                 "(trace_total, g2)")
-
-
-def _build(point: Mapping[str, float], P: int, K: int, *, se: Mapping[str, float],
-           significant: bool | None, flags: list[str],
-           n_batches: int) -> NoiseStats:
-  """Assemble NoiseStats; ``significant`` None means single-estimate rule."""
-  d = {k: float(v) for k, v in _derived(point, K).items()}
-  g2 = d["g2"]
-  tkeys = (("trace_intra", "trace_inter", "trace_total")
-           if "trace_intra" in point else ("trace_total",))
-  traces = [d[k] for k in tkeys]
-  flags = list(flags)
-  if not all(math.isfinite(x) for x in [g2] + traces):
-    flags.append("non-finite estimates")
-    ok = False
-  elif g2 == 0.0 and all(t == 0.0 for t in traces):
-    flags.append("zero gradient")
-    ok = False
-  elif significant is None:
-    ok = g2 > 0.0
-    if not ok:
-      flags.append("g2<=0: gradient signal not resolved")
-  else:
-    ok = bool(significant)
-    if not ok:
-      flags.append(f"g2 not significantly positive (g2={g2:.4g}, "
-                   f"se={se.get('g2', _NAN):.4g})")
-  fields = dict(d)
-  ses = {f"{k}_se": float(se.get(k, _NAN)) for k in
-         ("g2", "trace_intra", "trace_inter", "trace_total", "ratio")
-         + _B_FIELDS}
-  if not ok:
-    for k in _B_FIELDS:
-      fields[k] = _NAN
-      ses[f"{k}_se"] = _NAN
-  if not (math.isfinite(d["trace_inter"]) and d["trace_inter"] > 0.0
-          and math.isfinite(d["ratio"])):
-    fields["ratio"] = _NAN
-    ses["ratio_se"] = _NAN
-  return NoiseStats(K=int(K), P=int(P), g2_positive=ok, flag="; ".join(flags),
-                    n_batches=int(n_batches), **fields, **ses)
-
-
-def noise_stats(estimates: Mapping[str, Any], P: int, K: int,
-                se: Mapping[str, Any] | None = None) -> NoiseStats:
-  """NoiseStats from one estimate dict (exact, split, EMA or two-batch).
-
-  Args:
-    estimates: ``dict(trace_intra, trace_inter, g2)`` or, from
-      :func:`two_batch_estimates`, ``dict(trace_total, g2)``.
-    P, K: batch shape. With the components, K=1 and P=1 raise ValueError.
-    se: optional standard errors keyed by field name, with or without the
-      ``_se`` suffix (``{"g2": 0.1}`` or ``{"g2_se": 0.1}``).
-  g2 <= 0 gives ``g2_positive=False``, nan noise scales and a flag; an
-  all-zero gradient gives finite (zero) g2/trace fields and flag
-  "zero gradient".
-  """
-  point = _normalise(estimates, P, K)
-  se_d = {}
-  for k, v in (se or {}).items():
-    se_d[k[:-3] if k.endswith("_se") else k] = _to_float(v)
-  return _build(point, P, K, se=se_d, significant=None, flags=[], n_batches=1)
-
-
-# ----------------------------------------------------------------------------
-# EMA tracker.
-# ----------------------------------------------------------------------------
-_MOMENT_KEYS = ("t", "g", "tt", "gg", "tg", "w2")
-
-
-def t_quantile_like(z: float, dof: float) -> float:
-  """The Student-t quantile with ``dof`` degrees of freedom at the coverage
-  of the normal quantile ``z`` (e.g. z = 2 -> t_{0.977, dof}); no scipy.
-
-  dof >= 2: the Cornish-Fisher expansion of Hill (1970, CACM 13:617) in
-  1/dof to 4th order (within 1% of the exact quantile for z <= 2; at z = 3
-  10% narrow at dof = 2, 2.5% at dof = 3); 1 <= dof < 2: linear in 1/dof
-  between the closed forms at dof = 1 (tan(pi (p - 1/2))) and dof = 2
-  ((2p - 1) / sqrt(2 p (1 - p))), never narrower than exact; dof < 1: inf. ``tests/test_adaptive.py`` checks it against scipy."""
-  if not dof >= 1:
-    return math.inf
-  if math.isinf(dof):
-    return float(z)
-  if dof < 2:
-    p = 0.5 * math.erfc(-z / math.sqrt(2.0))
-    t1 = math.tan(math.pi * (p - 0.5))
-    t2 = (2 * p - 1) / math.sqrt(2 * p * (1 - p))
-    return float(t1 + (t2 - t1) * (1 - 1 / dof) * 2)
-  z2 = z * z
-  g1 = (z2 + 1) * z / 4
-  g2 = ((5 * z2 + 16) * z2 + 3) * z / 96
-  g3 = (((3 * z2 + 19) * z2 + 17) * z2 - 15) * z / 384
-  g4 = ((((79 * z2 + 776) * z2 + 1482) * z2 - 1920) * z2 - 945) * z / 92160
-  n = float(dof)
-  return float(z + g1 / n + g2 / n ** 2 + g3 / n ** 3 + g4 / n ** 4)
-
-
-class NoiseEMA:
-  """Bias-corrected EMAs of trI, trB, G2, smoothed separately.
-
-  Noise scales are ratios of the smoothed numerator and denominator (ratio
-  of EMAs, as McCandlish et al. 2018), never EMAs of per-batch ratios.
-
-  Implementation: weighted sums ``S_t = decay S_{t-1} + x_t`` and
-  ``W_t = decay W_{t-1} + 1``; the estimate S_t/W_t equals the usual
-  bias-corrected EMA ema_t/(1 - decay^t) (ema_t = decay ema + (1-decay) x)
-  and is exactly x_1 after the first update. Updates with a non-finite value
-  are skipped (flagged). trI and trB are K-independent under the
-  assumption stated in the module docstring, so P and K may change between
-  updates; b_noise uses the K passed to the latest call.
-  """
-
-  def __init__(self, decay: float = 0.9):
-    if not 0.0 <= decay < 1.0:
-      raise ValueError(f"decay={decay} must lie in [0, 1)")
-    self.decay = float(decay)
-    self.count = 0
-    self.weight = 0.0
-    self.sums = {k: 0.0 for k in _KEYS3}
-    self.moments = {k: 0.0 for k in _MOMENT_KEYS}  # for the interval (``interval``)
-
-  def value(self) -> dict[str, float]:
-    """Current bias-corrected estimates (nan before the first update)."""
-    if self.weight == 0.0:
-      return {k: _NAN for k in _KEYS3}
-    return {k: self.sums[k] / self.weight for k in _KEYS3}
-
-  def update(self, estimates: Mapping[str, Any], P: int, K: int) -> NoiseStats:
-    x = _normalise(estimates, P, K)
-    if "trace_intra" not in x:
-      raise KeyError("NoiseEMA needs trace_intra, trace_inter, g2")
-    flags = []
-    if all(math.isfinite(v) for v in x.values()):
-      for k in _KEYS3:
-        self.sums[k] = self.decay * self.sums[k] + x[k]
-      self.weight = self.decay * self.weight + 1.0
-      self.count += 1
-      t, g = x["trace_intra"] + K * x["trace_inter"], x["g2"]
-      d, d2, m = self.decay, self.decay ** 2, self.moments
-      for k, v in (("t", t), ("g", g)):
-        m[k] = d * m[k] + v
-      for k, v in (("tt", t * t), ("gg", g * g), ("tg", t * g)):
-        m[k] = d * m[k] + v
-      m["w2"] = d2 * m["w2"] + 1.0
-    else:
-      flags.append("non-finite estimate skipped")
-    return self.stats(P, K, _flags=flags)
-
-  def stats(self, P: int, K: int, _flags=()) -> NoiseStats:
-    _check_P(P)
-    _check_K(K)
-    return _build(self.value(), P, K, se={}, significant=None,
-                  flags=list(_flags), n_batches=self.count)
-
-  def interval(self, z: float = 2.0) -> dict[str, float]:
-    """B_noise at the K of the updates, with a standard error and an interval.
-
-    Each update t contributes a per-round numerator T_t = trI + K trB and
-    denominator G_t = |G|^2 estimate; the tracker's B_noise is the ratio of
-    their EMAs (weights w_t = decay^age). The per-round values are treated
-    as independent draws around slowly moving means: the weighted variances
-    and covariance of (T, G), times sum(w^2)/sum(w)^2 (the EMA's effective
-    1/n), give the variances v_T, v_G and covariance c of the two EMAs.
-
-    ``se`` is the delta-method SE of the ratio r = T/G. The interval
-    ``[lo, hi]`` is Fieller's: the r with (T - r G)^2 <= z^2 (v_T - 2 r c +
-    r^2 v_G), i.e. the ratios a z-SE test of T - r G = 0 does not reject.
-    Unlike r +- z se it is skewed upward when G is barely resolved (a ratio
-    of noisy means has a long right tail), so a G EMA that happens to be low
-    does not produce a confidently high B_noise. It is bounded exactly when
-    G > z sqrt(v_G); otherwise ``resolved`` is False, ``lo`` 0 and ``hi``
-    inf (also with fewer than 3 updates, or a checkpoint from before the
-    moments were kept). ``lo`` is clipped at 0 (T is a trace).
-
-    The variances are themselves estimated from n_eff = sum(w)^2/sum(w^2)
-    rounds (Kish's effective sample size), so ``z`` (a normal quantile) is
-    widened to the Student-t quantile of the same coverage with n_eff - 1
-    degrees of freedom (``t_quantile_like``): with a handful of rounds three
-    draws that happen to agree do not make a confident interval.
-
-    When N changes between rounds (the adaptive controller), rounds still
-    carry equal EMA weights and the scatter mixes their variances: the SE
-    is then an approximation, exact at constant N.
-    Returns ``dict(b_noise, se, lo, hi, resolved, n_eff, z)`` (``z``: the
-    widened quantile used).
-    """
-    m, W = self.moments, self.weight
-    if self.count < 3 or W <= 0 or m["w2"] <= 0:
-      return dict(b_noise=_NAN, se=_NAN, lo=0.0, hi=math.inf, resolved=False, n_eff=0.0,
-                  z=math.inf)
-    mt, mg = m["t"] / W, m["g"] / W
-    n_eff = W * W / m["w2"]
-    corr = n_eff / max(n_eff - 1.0, 1e-12)  # unbiased weighted (co)variances
-    z = t_quantile_like(z, n_eff - 1.0)  # the variances are estimated: Student-t width
-    vt = max(m["tt"] / W - mt * mt, 0.0) * corr / n_eff
-    vg = max(m["gg"] / W - mg * mg, 0.0) * corr / n_eff
-    ctg = (m["tg"] / W - mt * mg) * corr / n_eff
-    ctg = max(-math.sqrt(vt * vg), min(ctg, math.sqrt(vt * vg)))  # a valid covariance
-    se_g = math.sqrt(vg)
-    if not mg > z * se_g:
-      return dict(b_noise=mt / mg if mg > 0 else _NAN, se=_NAN, lo=0.0, hi=math.inf,
-                  resolved=False, n_eff=n_eff, z=z)
-    r = mt / mg
-    var_r = (vt - 2 * r * ctg + r * r * vg) / (mg * mg)
-    se = math.sqrt(max(var_r, 0.0))
-    # Fieller: a r^2 - 2 b r + c <= 0 with a > 0 (G resolved); r itself satisfies it
-    z2 = z * z
-    a, b, c = mg * mg - z2 * vg, mt * mg - z2 * ctg, mt * mt - z2 * vt
-    half = math.sqrt(max(b * b - a * c, 0.0))
-    lo, hi = (b - half) / a, (b + half) / a
-    return dict(b_noise=r, se=se, lo=max(min(lo, r), 0.0), hi=max(hi, r), resolved=True,
-                n_eff=n_eff, z=z)
-
-  def state_dict(self) -> dict[str, float]:
-    return dict(decay=self.decay, count=float(self.count),
-                weight=self.weight, **self.sums,
-                **{f"m_{k}": v for k, v in self.moments.items()})
-
-  def load_state_dict(self, state: Mapping[str, Any]) -> None:
-    self.decay = float(state["decay"])
-    self.count = int(state["count"])
-    self.weight = float(state["weight"])
-    self.sums = {k: float(state[k]) for k in _KEYS3}
-    self.moments = {k: float(state.get(f"m_{k}", 0.0)) for k in _MOMENT_KEYS}
-
-
-# ----------------------------------------------------------------------------
-# Pooling with jackknife standard errors.
-# ----------------------------------------------------------------------------
-def _as_estimates(item: Any, P, K) -> dict[str, Any]:
-  if isinstance(item, GroupMoments):
-    if item.K != K or item.P != P:
-      raise ValueError(f"GroupMoments has (P, K)=({item.P}, {item.K}), "
-                       f"expected ({P}, {K})")
-    return exact_estimates(item)
-  if isinstance(item, SplitMoments):
-    if item.K != K or item.P != P:
-      raise ValueError(f"SplitMoments has (P, K)=({item.P}, {item.K}), "
-                       f"expected ({P}, {K})")
-    return split_estimates(item)
-  if isinstance(item, Mapping):
-    return item
-  raise TypeError(f"cannot read estimates from {type(item).__name__}")
-
-
-def pooled_estimates(batches: Any, P: int, K: int) -> NoiseStats:
-  """Pool M batches taken at fixed parameters; jackknife SEs for everything.
-
-  Args:
-    batches: a sequence of per-batch estimate dicts, GroupMoments or
-      SplitMoments (they may be mixed); or one of those stacked with a
-      leading batch axis of length M (e.g. the output of a vmap).
-    P, K: the batches' shape (checked against moments).
-
-  The pooled trI, trB, G2 (or trace_total, G2) are the means of the unbiased
-  per-batch estimates (so they stay unbiased). Every reported quantity f —
-  the means and the ratios b_intra, b_inter, b_noise, b_simple,
-  trI/trB — gets the delete-one jackknife SE over batches,
-  se^2 = (M-1)/M sum_i (f_(i) - f_(.))^2, where f_(i) is f formed from the
-  pooled numerator and denominator of the M-1 batches other than i (for the
-  means this is exactly the sample std / sqrt(M)). Point estimates of ratios
-  are ratios of pooled means (not jackknife bias-corrected). Noise scales are
-  reported only where G2 > 2 se(G2); otherwise ``g2_positive=False``, b_* nan
-  and flag "g2 not significantly positive (g2=..., se=...)".
-  M < 2 raises ValueError.
-  """
-  if isinstance(batches, (GroupMoments, SplitMoments, Mapping)):
-    stacked = _as_estimates(batches, P, K)
-    cols = {k: np.asarray(v, np.float64).reshape(-1)
-            for k, v in stacked.items()}
-  else:
-    ests = [_as_estimates(b, P, K) for b in batches]
-    if not ests:
-      raise ValueError("M=0 batches: pooling needs M >= 2")
-    keys = set(ests[0])
-    for e in ests[1:]:
-      keys &= set(e)
-    cols = {k: np.array([_to_float(e[k]) for e in ests]) for k in keys}
-  if "trace_intra" in cols or "trace_inter" in cols:
-    _check_P(P)
-    _check_K(K)
-    keys = _KEYS3
-  elif "trace_total" in cols:
-    keys = ("trace_total", "g2")
-  else:
-    raise KeyError("estimates need (trace_intra, trace_inter, g2) or "
-                   "(trace_total, g2)")
-  M = len(cols["g2"])
-  if M < 2:
-    raise ValueError(f"M={M} batches: pooling needs M >= 2 for a jackknife")
-  X = {k: cols[k] for k in keys}
-  mean = {k: float(np.mean(X[k])) for k in keys}
-  loo = {k: (np.sum(X[k]) - X[k]) / (M - 1) for k in keys}
-  reps = _derived(loo, K)
-  se = {}
-  with np.errstate(invalid="ignore"):
-    for name, th in reps.items():
-      se[name] = float(np.sqrt((M - 1) / M * np.sum((th - th.mean()) ** 2)))
-  g2, g2_se = mean["g2"], se["g2"]
-  significant = bool(math.isfinite(g2) and math.isfinite(g2_se)
-                     and g2 > 2.0 * g2_se)
-  return _build(mean, P, K, se=se, significant=significant, flags=[],
-                n_batches=M)

@@ -18,6 +18,11 @@ general pieces (numpy and scipy.stats only):
   delete-one jackknife SE: a within-replicate ratio averaged over replicates
   (mean of num_i / den_i) is biased upward by about CV(den)^2 (Jensen),
   which for noisy denominators swamps the effect being measured.
+* ``fieller_interval``: Fieller's interval for a ratio of two jointly normal
+  estimates (skewed where r +- z se(r) is symmetric and too short on the
+  side away from zero when the denominator is barely resolved).
+* ``t_quantile_like``: the Student-t quantile of the same coverage as a
+  normal quantile z, for intervals whose variances are estimated.
 * ``fmt``: ``value +- se`` / ``[lo, hi]`` formatting used in tables.
 """
 from __future__ import annotations
@@ -26,6 +31,7 @@ import dataclasses
 import math
 
 import numpy as np
+from scipy import stats as sps
 
 
 @dataclasses.dataclass
@@ -77,7 +83,6 @@ def compare_nested(small: WLSFit, big: WLSFit) -> dict:
   """F-test that the extra terms of ``big`` (which nests ``small``) are
   zero, and the AIC difference. Returns ``dict(F, p_value, delta_aic)``
   (delta_aic = big - small: negative favours ``big``)."""
-  from scipy import stats as sps  # pylint: disable=import-outside-toplevel
   q = small.dof - big.dof
   if q <= 0 or big.dof <= 0:
     return dict(F=math.nan, p_value=math.nan, delta_aic=big.aic - small.aic)
@@ -115,6 +120,47 @@ def ratio_of_means(num, den) -> tuple[float, float]:
     loo = (a.sum() - a) / (b.sum() - b)
   se = np.sqrt((n - 1) / n * np.sum((loo - loo.mean()) ** 2))
   return float(ratio), float(se)
+
+
+def fieller_interval(num: float, den: float, var_num: float, var_den: float,
+                     cov: float, z: float) -> tuple[float, float]:
+  """Fieller's interval for the ratio num / den of two jointly normal estimates.
+
+  The set of ratios r that a z-SE test of num - r den = 0 does not reject:
+  (num - r den)^2 <= z^2 (var_num - 2 r cov + r^2 var_den), i.e.
+  a r^2 - 2 b r + c <= 0 with a = den^2 - z^2 var_den, b = num den - z^2 cov,
+  c = num^2 - z^2 var_num. When the denominator is resolved (a > 0, i.e.
+  |den| > z sqrt(var_den)) the set is the interval between the two roots,
+  returned as ``(lo, hi)``; it contains num / den and is skewed away from
+  zero (a ratio of noisy means has a long tail on that side). Otherwise the
+  set is unbounded (the whole line, or the line less an interval) and
+  ``(-inf, inf)`` is returned. A covariance with |cov| > sqrt(var_num
+  var_den) (not a valid one) can make the discriminant negative; it is
+  clipped at 0, collapsing the interval to b / a.
+  """
+  z2 = z * z
+  a, b, c = den * den - z2 * var_den, num * den - z2 * cov, num * num - z2 * var_num
+  if not a > 0:
+    return -math.inf, math.inf
+  half = math.sqrt(max(b * b - a * c, 0.0))
+  return (b - half) / a, (b + half) / a
+
+
+def t_quantile_like(z: float, dof: float) -> float:
+  """The Student-t quantile with ``dof`` degrees of freedom at the coverage of
+  the normal quantile ``z``: F_t^-1(Phi(z); dof) (z = 2 -> t_{0.977, dof}).
+
+  An interval +- z SE with an SE estimated from dof degrees of freedom
+  covers less than the normal's 2 Phi(z) - 1; +- ``t_quantile_like(z, dof)``
+  SE restores it (exactly, for a normal sample's mean and its sample SD).
+  ``dof`` need not be an integer (e.g. Kish's effective sample size less
+  one). dof < 1 (or nan): inf (too few to estimate a spread); dof = inf: z.
+  """
+  if not dof >= 1:
+    return math.inf
+  if math.isinf(dof):
+    return float(z)
+  return float(sps.t.ppf(sps.norm.cdf(z), dof))
 
 
 def fmt(value, lo=None, hi=None, se=None, digits: int = 3) -> str:

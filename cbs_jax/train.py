@@ -52,6 +52,8 @@ from cbs_jax import hf
 from cbs_jax import metrics as metrics_lib
 from cbs_jax import model as model_lib
 from cbs_jax import noise
+from cbs_jax import noise_stats
+from cbs_jax import noise_tracker
 from cbs_jax import objective
 from cbs_jax import precision
 from cbs_jax import rl
@@ -407,8 +409,8 @@ class Run:
   tx: Any
   state: dict
   meta: dict
-  ema: noise.NoiseEMA
-  ema_adam: noise.NoiseEMA
+  ema: noise_tracker.NoiseEMA
+  ema_adam: noise_tracker.NoiseEMA
   controller: Any
   writer: Any
   leaf_groups: list
@@ -458,8 +460,8 @@ def start_run(config, workdir: str, setup: Setup) -> Run:
   opt_state = sharding.shard_state(tx.init(base_params), base_params, param_sh, mesh)
   state = dict(params=copy(base_params), opt_state=opt_state,
                history=[copy(base_params) for _ in range(c.batch.staleness)])
-  ema = noise.NoiseEMA(c.noise.ema_decay)
-  ema_adam = noise.NoiseEMA(c.noise.ema_decay)  # the same in Adam's metric
+  ema = noise_tracker.NoiseEMA(c.noise.ema_decay)
+  ema_adam = noise_tracker.NoiseEMA(c.noise.ema_decay)  # the same in Adam's metric
   meta = dict(round=0, step=0, rollouts_seen=0, consecutive_nonfinite=0,
               skipped_updates=0, base_pass_rate=None, seconds=0.0)
   if resume is not None:
@@ -605,7 +607,7 @@ def _mean(rows, key):
   return float(np.mean(vals)) if vals else None
 
 
-def noise_row(prefix: str, s: noise.NoiseStats) -> dict:
+def noise_row(prefix: str, s: noise_stats.NoiseStats) -> dict:
   """Metrics fields ``prefix/{g2, trace_intra, ..., ratio}`` of one NoiseStats."""
   keys = ("g2", "trace_intra", "trace_inter", "b_intra", "b_inter", "b_noise", "ratio")
   row = {f"{prefix}/{k}": getattr(s, k) for k in keys}
@@ -644,12 +646,12 @@ def round_row(run: Run, r1: int, P: int, rewards, gen, rows: list, extras: dict,
       row[f"{k}_by_update"] = [float(u[k]) for u in rows]
   if "split" in extras:
     est = noise.split_estimates(gradstats.sum_leaves(extras["split"]))
-    row.update(noise_row("noise_split", noise.noise_stats(est, P_mb, K)))
+    row.update(noise_row("noise_split", noise_stats.noise_stats(est, P_mb, K)))
     row.update(noise_row("noise_ema", run.ema.update(est, P_mb, K)))
     if extras.get("split_adam") is not None and run.meta["step"] > len(rows):
       # (Adam's metric exists only after its first step)
       est = noise.split_estimates(gradstats.sum_leaves(extras["split_adam"]))
-      row.update(noise_row("noise_split_adam", noise.noise_stats(est, P_mb, K)))
+      row.update(noise_row("noise_split_adam", noise_stats.noise_stats(est, P_mb, K)))
       row.update(noise_row("noise_ema_adam", run.ema_adam.update(est, P_mb, K)))
     for name, ema in (("noise_ema", run.ema), ("noise_ema_adam", run.ema_adam)):
       if ema.count:  # the tracker's interval (NoiseEMA.interval), what the controller reads
@@ -658,7 +660,7 @@ def round_row(run: Run, r1: int, P: int, rewards, gen, rows: list, extras: dict,
                     f"{name}/b_noise_hi": iv["hi"]})
   if "exact" in extras:
     mom = extras["exact"]
-    row.update(noise_row("noise_exact", noise.noise_stats(
+    row.update(noise_row("noise_exact", noise_stats.noise_stats(
         noise.exact_estimates(gradstats.sum_leaves(mom)), P_mb, K)))
     for g, gm in gradstats.sum_leaves(mom, run.leaf_groups).items():
       est = noise.exact_estimates(gm)
@@ -792,7 +794,7 @@ def _summarise(c, workdir, meta, base_summary, wall):
               g2=r["noise_split/g2"]) for r in rows if r.get("noise_split/g2") is not None]
   est = est[len(est) // 2:]
   if len(est) >= 2:
-    s = noise.pooled_estimates(est, P_mb, K)
+    s = noise_stats.pooled_estimates(est, P_mb, K)
     summary["noise"] = dict(
         rounds_pooled=len(est), K=K, b_intra=s.b_intra, b_intra_se=s.b_intra_se,
         b_inter=s.b_inter, b_inter_se=s.b_inter_se,

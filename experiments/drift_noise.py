@@ -12,7 +12,7 @@ every round: kappa exactly (full vocabulary) on probe rollouts no update
 uses, and the exact per-rollout tr Sigma_intra, tr Sigma_inter and |G|^2 at
 the current parameters on update j's minibatch (not yet fitted to).
 
-Per (m, j) the rounds are pooled (``noise.pooled_estimates``: jackknife SEs
+Per (m, j) the rounds are pooled (``noise_stats.pooled_estimates``: jackknife SEs
 over rounds) into one point per reuse step, and tr Sigma_intra relative to
 the round's first update (the within-round inflation, which removes the
 slow change over training) is a ratio of sums over rounds with a jackknife
@@ -38,7 +38,7 @@ from absl import logging
 
 from cbs_jax import drift
 from cbs_jax import metrics as metrics_lib
-from cbs_jax import noise
+from cbs_jax import noise_stats
 from cbs_jax import plots
 from cbs_jax import report
 from cbs_jax import stats
@@ -73,7 +73,7 @@ def points(workdir, K, P_mb, skip):
     ests = [dict(trace_intra=r["trace_intra_by_update"][j],
                  trace_inter=r["trace_inter_by_update"][j], g2=r["g2_by_update"][j])
             for r in rows]
-    pooled = noise.pooled_estimates(ests, P_mb, K)
+    pooled = noise_stats.pooled_estimates(ests, P_mb, K)
     kap = np.array([r["heldout_kappa_exact_by_update"][j] for r in rows])
     # ratio of the rounds' sums, not the mean of per-round ratios: that one is
     # biased upward by ~CV(tr_0)^2, large for the small minibatches of big m

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from cbs_jax import batch
-from cbs_jax import noise
+from cbs_jax import noise_tracker
 
 
 def test_lr_rules_closed_form():
@@ -63,7 +63,7 @@ def _tracker_run(true_b, rounds, noise_frac, seed, K=16, P=16, every=10, decay=0
   """Feed a NoiseEMA per-round estimates with i.i.d. relative noise around a
   B_noise trajectory; the controller reads its interval."""
   rng = np.random.default_rng(seed)
-  ema = noise.NoiseEMA(decay)
+  ema = noise_tracker.NoiseEMA(decay)
   ctl = batch.AdaptiveBatch(K=K, min_prompts=4, max_prompts=512, every=every, prompts=P)
   chosen = []
   for t in range(rounds):
@@ -84,12 +84,12 @@ def test_adaptive_state_restore_continues_the_schedule():
   full, _ = _tracker_run(lambda t: 256.0 * 2 ** (t / 40), 200, 0.3, 2)
   # replay: stop at round 100, save both states, restore into new objects
   rng = np.random.default_rng(2)
-  ema, ctl = noise.NoiseEMA(0.95), batch.AdaptiveBatch(16, 4, 512, every=10, prompts=16)
+  ema, ctl = noise_tracker.NoiseEMA(0.95), batch.AdaptiveBatch(16, 4, 512, every=10, prompts=16)
   chosen = []
   for t in range(200):
     if t == 100:
       e_state, c_state = ema.state_dict(), ctl.state_dict()
-      ema, ctl = noise.NoiseEMA(0.5), batch.AdaptiveBatch(16, 4, 512, every=10, prompts=4)
+      ema, ctl = noise_tracker.NoiseEMA(0.5), batch.AdaptiveBatch(16, 4, 512, every=10, prompts=4)
       ema.load_state_dict(e_state)
       ctl.load_state_dict(c_state)
     tr = 256.0 * 2 ** (t / 40)
@@ -106,7 +106,7 @@ def test_tracker_interval_covers_a_fixed_b_noise():
   covered = 0
   for seed in range(200):
     rng = np.random.default_rng(seed)
-    ema = noise.NoiseEMA(0.9)
+    ema = noise_tracker.NoiseEMA(0.9)
     for _ in range(60):
       ema.update(dict(trace_intra=400 * (1 + 0.5 * rng.standard_normal()),
                       trace_inter=10 * (1 + 0.5 * rng.standard_normal()),

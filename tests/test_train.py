@@ -215,7 +215,7 @@ class OddFirstDigit(arithmetic.ArithmeticTask):
 
 def test_adaptive_batch_follows_the_tracker_within_buckets(monkeypatch, tmp_path):
   from cbs_jax import batch as batch_lib
-  from cbs_jax import noise
+  from cbs_jax import noise_tracker
   monkeypatch.setitem(tasks.TASKS, "first_digit_one", OddFirstDigit)
   c = tiny_config(train__num_rounds=12, train__eval_every=12, optim__lr=1e-4)
   c.batch.schedule = "adaptive"
@@ -229,7 +229,7 @@ def test_adaptive_batch_follows_the_tracker_within_buckets(monkeypatch, tmp_path
   rows = metrics_lib.read_jsonl(os.path.join(tmp_path, "metrics.jsonl"))[1:]
   sizes = [r["batch_size"] for r in rows]
   # replay an independent tracker + controller on the split estimates the run logged
-  ema = noise.NoiseEMA(0.5)
+  ema = noise_tracker.NoiseEMA(0.5)
   ref = batch_lib.AdaptiveBatch(8, 4, 16, 1.0, 2, prompts=4, hysteresis=1.0)
   expected = []
   for i, r in enumerate(rows):
