@@ -13,8 +13,9 @@ import math
 
 import ml_collections
 
-from cbs_jax import batch as batch_lib
+from cbs_jax import controller
 from cbs_jax import gradstats
+from cbs_jax import lr_rules
 from cbs_jax import model as model_lib
 from cbs_jax import rl
 from cbs_jax import sharding
@@ -90,7 +91,7 @@ def base_config() -> ConfigDict:
   c.batch.adaptive_every = 10       # adaptive: rounds between decisions
   c.batch.adaptive_signal = "b_noise"  # adaptive: b_noise (raw gradients) | b_noise_adam (in
                                        # Adam's preconditioned metric) | b_crit (the raw
-                                       # tracker x adaptive_b_crit_ratio; see cbs_jax/batch.py)
+                                       # tracker x adaptive_b_crit_ratio; see cbs_jax/controller.py)
   c.batch.adaptive_b_crit_ratio = 0.0  # adaptive, signal b_crit: B_crit / B_noise measured by an
                                        # on-policy study at this K (0 = unset)
   c.batch.adaptive_hysteresis = 1.25   # adaptive: move only when the whole interval leaves the
@@ -173,9 +174,9 @@ _CHOICES = {
     "rl.aggregation": rl.AGGREGATIONS,
     "rl.kl_estimator": rl.KL_KINDS,
     "rl.adv_std_ddof": (0, 1),
-    "optim.lr_rule": batch_lib.LR_RULES,
+    "optim.lr_rule": lr_rules.LR_RULES,
     "batch.schedule": ("fixed", "adaptive"),
-    "batch.adaptive_signal": batch_lib.SIGNALS,
+    "batch.adaptive_signal": controller.SIGNALS,
     "noise.exact_method": gradstats.EXACT_METHODS,
 }
 _POSITIVE = ("sft.steps", "sft.batch_size", "batch.num_prompts",
@@ -315,8 +316,7 @@ def validate(c: ConfigDict) -> None:
       if not c.noise.split_every:
         raise ValueError("config.batch.schedule='adaptive' reads the noise tracker: set "
                          "config.noise.split_every > 0")
-      buckets = [b.adaptive_min_prompts * 2 ** j for j in range(64)
-                 if b.adaptive_min_prompts * 2 ** j <= b.adaptive_max_prompts]
+      buckets = controller.buckets(b.adaptive_min_prompts, b.adaptive_max_prompts)
       if P not in buckets:
         raise ValueError(f"config.batch.num_prompts={P} (the adaptive run's first batch) is "
                          f"not one of its buckets {buckets} (config.batch.adaptive_min_prompts"

@@ -7,8 +7,8 @@ Arguments (``get_config(arg)``): the controller's signal
   b_noise        the raw-gradient tracker's B_noise (N = signal, no calibration)
   b_noise_adam   B_noise in Adam's preconditioned metric
   b_crit         B_CRIT_RATIO x the raw tracker: the B_crit implied by an
-                 on-policy fit (see cbs_jax/batch.py for why a running fit
-                 is not possible within one run, and the limits)
+                 on-policy fit (see cbs_jax/controller.py for why a running
+                 fit is not possible within one run, and the limits)
   quick, quick_<signal>   a tiny version for the test suite (minutes)
 
 Everything else is ``configs/batch_law.py:on`` (``:quick``): the shared SFT
@@ -30,7 +30,7 @@ EVERY = 5                             # rounds between decisions
 MAX_ROUNDS = 3000                     # a cap; runs stop at the highest target
 # B_crit / B_noise at K = 16 from the committed on-policy study
 # (experiments/results/batch_law_on_policy/batch_law_on_policy_fits.json,
-# ``batch.calibration_from_fits`` at the main target 0.54): B_crit = 4,698
+# ``batch_law.calibration_from_fits`` at the main target 0.54): B_crit = 4,698
 # [4,122, 5,380] rollouts over B_noise = 4,855 +- 972 (inverse-variance mean
 # of 4,550 +- 1,058 at the SFT base and 6,505 +- 2,462 after 192 rounds),
 # ratio 0.968 [0.61, 1.85]. experiments/adaptive_batch.py reads the ratio

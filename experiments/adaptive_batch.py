@@ -9,7 +9,7 @@ Arms, every run from the same SFT base and ``--seeds`` (>= 3) as replicates:
 
 * adaptive:<signal> -- ``configs/adaptive_batch.py:<signal>`` for each of
   ``--signals`` (b_noise, b_noise_adam, b_crit): GRPO starting at the config
-  default N = 256, the controller (``cbs_jax.batch.AdaptiveBatch``) moving N
+  default N = 256, the controller (``cbs_jax.controller.AdaptiveBatch``) moving N
   over power-of-two buckets from the tracker's interval, lr by the sqrt rule
   from the chosen N. The b_crit signal's ratio B_crit / B_noise comes from
   the on-policy study's fit (``--fits``) when that fit is resolved, else
@@ -61,7 +61,7 @@ import time
 import numpy as np
 from absl import logging
 
-from cbs_jax import batch as batch_lib
+from cbs_jax import batch_law as batch_law_lib
 from cbs_jax import metrics as metrics_lib
 from cbs_jax import plots
 from cbs_jax import report
@@ -193,7 +193,7 @@ def run_record(row: dict, arm: str, targets, rate: Rate | None) -> dict:
     curve["value"].append(v)
   curve = {k: np.asarray(v, np.float64) for k, v in curve.items()}
   xs = ("rounds", "rollouts") + (("seconds",) if rate is not None else ())
-  to = {float(t): {x: batch_lib.steps_to_target(curve[x], curve["value"], t) for x in xs}
+  to = {float(t): {x: batch_law_lib.steps_to_target(curve[x], curve["value"], t) for x in xs}
         for t in targets}
   o = row["overrides"]
   return dict(arm=arm, name=row["name"], seed=o.get("seed", 0), curve=curve, traj=traj,
@@ -238,7 +238,7 @@ def b_crit_ratio(args, main_t):
   with open(args.fits) as f:
     doc = json.load(f)
   try:
-    cal = batch_lib.calibration_from_fits(doc, main_t)
+    cal = batch_law_lib.calibration_from_fits(doc, main_t)
   except ValueError as e:
     return default, (f"B_crit / B_noise = {default:.3f}, the committed default "
                      f"(configs/adaptive_batch.py): {args.fits}: {e}"), None

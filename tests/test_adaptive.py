@@ -12,8 +12,9 @@ import types
 import numpy as np
 import pytest
 
-from cbs_jax import batch as batch_lib
+from cbs_jax import batch_law
 from cbs_jax import config as config_lib
+from cbs_jax import controller
 from cbs_jax import metrics as metrics_lib
 from cbs_jax import noise
 from cbs_jax import tasks
@@ -22,7 +23,7 @@ from cbs_jax.tasks import arithmetic
 from configs import adaptive_batch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SIGNALS = batch_lib.SIGNALS
+SIGNALS = controller.SIGNALS
 
 
 # --------------------------------------------------------------- the interval
@@ -115,19 +116,19 @@ def test_interval_covers_a_fixed_b_noise_under_heavy_noise():
 def test_signal_interval_maps_each_signal():
   raw = dict(b_noise=1000.0, se=100.0, lo=800.0, hi=1300.0, resolved=True)
   adam = dict(b_noise=50.0, se=5.0, lo=40.0, hi=65.0, resolved=True)
-  s = batch_lib.signal_interval("b_noise", raw, adam)
+  s = controller.signal_interval("b_noise", raw, adam)
   assert (s["value"], s["lo"], s["hi"], s["se"]) == (1000.0, 800.0, 1300.0, 100.0)
-  s = batch_lib.signal_interval("b_noise_adam", raw, adam)
+  s = controller.signal_interval("b_noise_adam", raw, adam)
   assert (s["value"], s["lo"], s["hi"]) == (50.0, 40.0, 65.0)
-  s = batch_lib.signal_interval("b_crit", raw, adam, b_crit_ratio=0.25)
+  s = controller.signal_interval("b_crit", raw, adam, b_crit_ratio=0.25)
   assert (s["value"], s["lo"], s["hi"], s["se"]) == (250.0, 200.0, 325.0, 25.0)
   unres = dict(b_noise=math.nan, se=math.nan, lo=0.0, hi=math.inf, resolved=False)
-  s = batch_lib.signal_interval("b_crit", unres, None, b_crit_ratio=0.25)
+  s = controller.signal_interval("b_crit", unres, None, b_crit_ratio=0.25)
   assert not s["resolved"] and s["hi"] == math.inf and s["lo"] == 0.0
   with pytest.raises(ValueError, match="b_crit_ratio"):
-    batch_lib.signal_interval("b_crit", raw, adam)
+    controller.signal_interval("b_crit", raw, adam)
   with pytest.raises(ValueError, match="adaptive_signal='nope'"):
-    batch_lib.signal_interval("nope", raw, adam)
+    controller.signal_interval("nope", raw, adam)
 
 
 def test_calibration_from_a_fits_file():
@@ -135,7 +136,7 @@ def test_calibration_from_a_fits_file():
   doc = {"on": {"0.54": fit}, "noise": [dict(b_noise=8000.0, b_noise_se=1000.0),
                                         dict(b_noise=12000.0, b_noise_se=2000.0),
                                         dict(b_noise=None, b_noise_se=None)]}
-  cal = batch_lib.calibration_from_fits(doc, 0.54)
+  cal = batch_law.calibration_from_fits(doc, 0.54)
   w1, w2 = 1 / 1000.0 ** 2, 1 / 2000.0 ** 2
   b = (8000 * w1 + 12000 * w2) / (w1 + w2)
   se = 1 / math.sqrt(w1 + w2)
@@ -145,9 +146,9 @@ def test_calibration_from_a_fits_file():
   assert cal["hi"] == pytest.approx(3000 / (b - 2 * se))
   assert cal["resolved"]
   with pytest.raises(ValueError, match="target 0.58"):
-    batch_lib.calibration_from_fits(doc, 0.58)
+    batch_law.calibration_from_fits(doc, 0.58)
   with pytest.raises(ValueError, match="no fit"):
-    batch_lib.calibration_from_fits({"on": {"0.54": {"error": "too few"}}}, 0.54)
+    batch_law.calibration_from_fits({"on": {"0.54": {"error": "too few"}}}, 0.54)
 
 
 def test_config_ratio_is_the_committed_studys():
@@ -155,7 +156,7 @@ def test_config_ratio_is_the_committed_studys():
   if not os.path.exists(path):
     pytest.skip(f"{adaptive_batch.B_CRIT_FITS} not committed")
   with open(path) as f:
-    cal = batch_lib.calibration_from_fits(json.load(f), adaptive_batch.B_CRIT_TARGET)
+    cal = batch_law.calibration_from_fits(json.load(f), adaptive_batch.B_CRIT_TARGET)
   assert cal["resolved"]
   assert adaptive_batch.B_CRIT_RATIO == pytest.approx(cal["ratio"], rel=1e-4)
 
@@ -330,20 +331,20 @@ def test_config_checks_name_the_adaptive_fields():
 
 
 def test_controller_state_refuses_other_buckets_and_bad_arguments():
-  ctl = batch_lib.AdaptiveBatch(16, 8, 64, prompts=16)
+  ctl = controller.AdaptiveBatch(16, 8, 64, prompts=16)
   state = dict(ctl.state_dict(), prompts=32, changes=2)
   ctl.load_state_dict(state)
   assert (ctl.prompts, ctl.changes) == (32, 2)
   with pytest.raises(ValueError, match="differ from this config's"):
-    batch_lib.AdaptiveBatch(16, 8, 128).load_state_dict(state)
+    controller.AdaptiveBatch(16, 8, 128).load_state_dict(state)
   with pytest.raises(ValueError, match="prompts=24 is not a bucket"):
     ctl.load_state_dict(dict(prompts=24))
   with pytest.raises(ValueError, match="starting prompts=12"):
-    batch_lib.AdaptiveBatch(16, 8, 64, prompts=12)
+    controller.AdaptiveBatch(16, 8, 64, prompts=12)
   with pytest.raises(ValueError, match="every=0"):
-    batch_lib.AdaptiveBatch(16, 8, 64, every=0)
+    controller.AdaptiveBatch(16, 8, 64, every=0)
   with pytest.raises(ValueError, match="factor"):
-    batch_lib.AdaptiveBatch(16, 8, 64, factor=float("nan"))
+    controller.AdaptiveBatch(16, 8, 64, factor=float("nan"))
 
 
 # --------------------------------------------------------------- end to end

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from cbs_jax.batch import SIGNALS
+from cbs_jax.controller import SIGNALS
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -214,7 +214,7 @@ class OddFirstDigit(arithmetic.ArithmeticTask):
 
 
 def test_adaptive_batch_follows_the_tracker_within_buckets(monkeypatch, tmp_path):
-  from cbs_jax import batch as batch_lib
+  from cbs_jax import controller
   from cbs_jax import noise
   monkeypatch.setitem(tasks.TASKS, "first_digit_one", OddFirstDigit)
   c = tiny_config(train__num_rounds=12, train__eval_every=12, optim__lr=1e-4)
@@ -230,7 +230,7 @@ def test_adaptive_batch_follows_the_tracker_within_buckets(monkeypatch, tmp_path
   sizes = [r["batch_size"] for r in rows]
   # replay an independent tracker + controller on the split estimates the run logged
   ema = noise.NoiseEMA(0.5)
-  ref = batch_lib.AdaptiveBatch(8, 4, 16, 1.0, 2, prompts=4, hysteresis=1.0)
+  ref = controller.AdaptiveBatch(8, 4, 16, 1.0, 2, prompts=4, hysteresis=1.0)
   expected = []
   for i, r in enumerate(rows):
     P = ref.update(i, ema.interval(0.5))
