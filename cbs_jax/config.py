@@ -195,15 +195,33 @@ _NON_NEGATIVE = ("seed", "drift.probe_prompts", "sampling.top_k", "sampling.max_
                  "rl.clip_c")
 
 
-def _get(c, dotted):
-  for part in dotted.split("."):
-    c = c[part]
-  return c
+def parent_and_leaf(config: ConfigDict, dotted: str) -> tuple[ConfigDict, str]:
+  """The ConfigDict holding field ``dotted`` (e.g. "batch.num_prompts") and
+  the field's own key; ValueError naming ``dotted`` and the fields known where
+  the path breaks when ``config`` has no such field."""
+  parts = dotted.split(".")
+  node = config
+  for i, part in enumerate(parts):
+    if not isinstance(node, ConfigDict) or part not in node:
+      where = ".".join(parts[:i]) or "the config root"
+      known = sorted(node.keys()) if isinstance(node, ConfigDict) else []
+      raise ValueError(f"unknown config field {dotted!r} ({part!r} is not a field of "
+                       f"{where}; known: {known})")
+    if i < len(parts) - 1:
+      node = node[part]
+  return node, parts[-1]
+
+
+def get_path(config: ConfigDict, dotted: str):
+  """The value of field ``dotted`` (e.g. "batch.num_prompts") of ``config``;
+  ValueError naming ``dotted`` when there is no such field."""
+  node, leaf = parent_and_leaf(config, dotted)
+  return node[leaf]
 
 
 def _num(c, dotted):
   """The numeric value of a field; None or a non-number is an error naming it."""
-  v = _get(c, dotted)
+  v = get_path(c, dotted)
   if isinstance(v, bool) or not isinstance(v, (int, float)):
     raise ValueError(f"config.{dotted} must be a number, got {v!r}")
   return v
@@ -214,7 +232,7 @@ def validate(c: ConfigDict) -> None:
   if c.task.name not in tasks.TASKS:
     raise ValueError(f"config.task.name={c.task.name!r} is not one of {sorted(tasks.TASKS)}")
   for field, choices in _CHOICES.items():
-    v = _get(c, field)
+    v = get_path(c, field)
     if v not in choices:
       raise ValueError(f"config.{field}={v!r} is not one of {list(choices)}")
   for field in _POSITIVE:
@@ -232,11 +250,11 @@ def validate(c: ConfigDict) -> None:
     if not v > 0:
       raise ValueError(f"config.{field} must be > 0, got {v!r}")
   for field in ("optim.lr", "sft.lr"):
-    if not math.isfinite(_get(c, field)):
-      raise ValueError(f"config.{field} must be finite, got {_get(c, field)!r}")
+    if not math.isfinite(get_path(c, field)):
+      raise ValueError(f"config.{field} must be finite, got {get_path(c, field)!r}")
   for field in ("train.stop_at_pass_rate", "train.stop_below_pass_rate"):
     if not 0.0 <= _num(c, field) <= 1.0:
-      raise ValueError(f"config.{field} must be in [0, 1], got {_get(c, field)!r}")
+      raise ValueError(f"config.{field} must be in [0, 1], got {get_path(c, field)!r}")
   if not 0.0 < _num(c, "sampling.top_p") <= 1.0:
     raise ValueError(f"config.sampling.top_p must be in (0, 1], got {c.sampling.top_p!r}")
   for field in ("optim.b1", "optim.b2", "rl.gamma", "rl.lam", "sft.label_noise"):
@@ -304,7 +322,7 @@ def validate(c: ConfigDict) -> None:
                          f"{b.adaptive_hysteresis!r}")
       for field in ("batch.adaptive_factor", "batch.adaptive_z", "batch.adaptive_hysteresis"):
         if not math.isfinite(_num(c, field)):
-          raise ValueError(f"config.{field} must be finite, got {_get(c, field)!r}")
+          raise ValueError(f"config.{field} must be finite, got {get_path(c, field)!r}")
       if b.adaptive_max_prompts < b.adaptive_min_prompts:
         raise ValueError(f"config.batch.adaptive_max_prompts={b.adaptive_max_prompts} is "
                          f"below config.batch.adaptive_min_prompts={b.adaptive_min_prompts}")

@@ -34,6 +34,7 @@ from typing import Sequence
 import numpy as np
 
 from cbs_jax import batch_law
+from cbs_jax import config as config_lib
 from cbs_jax import metrics as metrics_lib
 
 SCORE_KEYS = ("eval_expected_pass", "eval_pass_rate")
@@ -388,14 +389,7 @@ def overrides_between(base, other) -> dict:
   fb = sweep._flatten(sweep._as_json(other))  # pylint: disable=protected-access
   if set(fa) != set(fb):
     raise ValueError(f"configs differ in their fields: {sorted(set(fa) ^ set(fb))}")
-  return {k: other_value(other, k) for k in sorted(fa) if fa[k] != fb[k]}
-
-
-def other_value(config, dotted: str):
-  node = config
-  for part in dotted.split("."):
-    node = node[part]
-  return node
+  return {k: config_lib.get_path(other, k) for k in sorted(fa) if fa[k] != fb[k]}
 
 
 def run_variants(configs: dict, root: str, workers: int = 1, progress: bool = True):

@@ -183,6 +183,25 @@ def test_validate_checks_ranges_in_process():
     config_lib.validate(c)
 
 
+def test_config_get_path_reads_a_field_and_names_a_missing_one():
+  c = config_lib.base_config()
+  c.batch.num_prompts, c.task.kwargs.ops = 12, "+*"
+  assert config_lib.get_path(c, "batch.num_prompts") == 12
+  assert config_lib.get_path(c, "task.kwargs.ops") == "+*"
+  assert config_lib.get_path(c, "seed") == 0
+  assert config_lib.get_path(c, "rl") is c.rl           # a section is a value too
+  node, leaf = config_lib.parent_and_leaf(c, "task.kwargs.max_digits")
+  assert node is c.task.kwargs and leaf == "max_digits"
+  with pytest.raises(ValueError, match=r"'batch\.num_promts' \('num_promts' is not a field "
+                                       r"of batch;"):
+    config_lib.get_path(c, "batch.num_promts")
+  with pytest.raises(ValueError, match=r"'nope\.lr' \('nope' is not a field of the config "
+                                       r"root;"):
+    config_lib.get_path(c, "nope.lr")
+  with pytest.raises(ValueError, match=r"'seed\.x' \('x' is not a field of seed;"):
+    config_lib.get_path(c, "seed.x")                    # below a leaf
+
+
 def test_measure_tool_pools_batches_at_a_checkpoint(smoke_run):
   from cbs_jax import measure
   wd, _ = smoke_run
