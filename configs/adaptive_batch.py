@@ -20,9 +20,10 @@ seven shapes compile). Evaluation runs every round; the experiment keeps
 only the evaluations on the on-policy study's grid (about every 2,048
 rollouts), so adaptive and fixed runs are judged on the same grid.
 """
+from cbs_jax import controller
 from configs import batch_law
 
-SIGNALS = ("b_noise", "b_noise_adam", "b_crit")
+SIGNALS = controller.SIGNALS
 VARIANTS = SIGNALS + ("quick",) + tuple(f"quick_{s}" for s in SIGNALS)
 MIN_PROMPTS, MAX_PROMPTS = 8, 512     # N = 128 ... 8,192 at K = 16
 START_PROMPTS = 16                    # N = 256: the config default (configs/default.py)

@@ -39,7 +39,7 @@ from cbs_jax import study
 from configs import batch_law
 
 NAME = "lr_scaling"
-RULES = ("constant", "sqrt", "linear")
+RULES = lr_rules.LR_RULES
 HOLDS = 1.25
 
 
