@@ -60,6 +60,7 @@ import time
 
 import numpy as np
 from absl import logging
+from scipy import stats as sps
 
 from cbs_jax import batch_law as batch_law_lib
 from cbs_jax import metrics as metrics_lib
@@ -200,20 +201,25 @@ def run_record(row: dict, arm: str, targets, rate: Rate | None) -> dict:
               to_target=to, N_visited=sorted(set(traj["N"])), summary=row.get("summary", {}))
 
 
-def ratio_interval(num, den, level=LEVEL, n_boot=4000, seed=0):
+def _ratio_of_means(num, den, axis=-1):
+  return np.mean(num, axis=axis) / np.mean(den, axis=axis)
+
+
+def ratio_of_means_interval(num, den, level=LEVEL, n_boot=4000, seed=0):
   """Ratio of the mean of ``num`` to the mean of ``den`` (per-seed values),
-  with a percentile bootstrap interval resampling seeds within each arm;
-  None when a seed of either arm did not reach the target."""
+  with a percentile bootstrap interval (``scipy.stats.bootstrap``, unpaired:
+  seeds resampled within each arm); None when a seed of either arm did not
+  reach the target."""
   if not num or not den or any(v is None for v in num + den):
     return None, None, None
   a, b = np.asarray(num, np.float64), np.asarray(den, np.float64)
   if not b.min() > 0:  # the reference was at the target before its first update
     return None, None, None
-  rng = np.random.default_rng(seed)
-  ra = rng.choice(a, size=(n_boot, a.size)).mean(1)
-  rb = rng.choice(b, size=(n_boot, b.size)).mean(1)
-  lo, hi = stats.percentile_ci(ra / rb, level)
-  return float(a.mean() / b.mean()), lo, hi
+  boot = sps.bootstrap((a, b), _ratio_of_means, n_resamples=n_boot, vectorized=True,
+                       paired=False, confidence_level=level, method="percentile",
+                       random_state=np.random.default_rng(seed))
+  ci = boot.confidence_interval
+  return float(a.mean() / b.mean()), float(ci.low), float(ci.high)
 
 
 def verdict(ratio, lo, hi, threshold, better: str) -> str:
@@ -347,7 +353,7 @@ def main(argv=None):
       if ref is None:
         d[f"vs {ref_name}"] = "–"
         continue
-      rr, lo, hi = ratio_interval(vals(recs), vals(ref))
+      rr, lo, hi = ratio_of_means_interval(vals(recs), vals(ref))
       d[f"vs {ref_name}"] = stats.fmt(rr, lo, hi) if rr is not None else "–"
       if name.startswith("adaptive"):
         verdicts.append(f"- {name} vs fixed {ref_name}: {x_main}-to-{main_t} ratio "

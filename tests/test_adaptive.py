@@ -2,6 +2,7 @@
 signals on synthetic trajectories (through the trainer's ``choose_prompts``),
 bounds and buckets, the learning rate, checkpoint restore end to end, and
 the experiment's ``--quick`` mode."""
+import importlib.util
 import json
 import math
 import os
@@ -433,3 +434,34 @@ def test_experiment_help_and_bad_flags(tmp_path):
                      capture_output=True, text=True, timeout=300)
   assert p.returncode == 2 and "--signals: unknown ['b_simple']" in p.stderr, p.stderr
   assert not list(tmp_path.iterdir())  # nothing written
+
+
+def _experiment_module():
+  """experiments/adaptive_batch.py imported as a module (it is a script)."""
+  path = os.path.join(ROOT, "experiments", "adaptive_batch.py")
+  spec = importlib.util.spec_from_file_location("adaptive_batch_experiment", path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
+def _naive_ratio_interval(num, den, level, n_boot, rng):
+  """Percentile interval of mean(num*) / mean(den*) over independent
+  resamples of each arm (a plain loop)."""
+  r = [np.mean(rng.choice(num, len(num))) / np.mean(rng.choice(den, len(den)))
+       for _ in range(n_boot)]
+  return np.quantile(r, [(1 - level) / 2, (1 + level) / 2])
+
+
+def test_experiment_ratio_interval_is_an_unpaired_percentile_bootstrap():
+  exp = _experiment_module()
+  num, den = [310.0, 270.0, 355.0], [200.0, 260.0, 240.0, 215.0]
+  r, lo, hi = exp.ratio_of_means_interval(num, den, level=0.9, n_boot=20000, seed=3)
+  assert r == pytest.approx(np.mean(num) / np.mean(den))
+  n_lo, n_hi = _naive_ratio_interval(num, den, 0.9, 20000, np.random.default_rng(0))
+  assert lo == pytest.approx(n_lo, rel=0.02) and hi == pytest.approx(n_hi, rel=0.02)
+  assert exp.ratio_of_means_interval(num, den, seed=3) == exp.ratio_of_means_interval(
+      num, den, seed=3)
+  assert exp.ratio_of_means_interval(num, [200.0, None]) == (None, None, None)
+  assert exp.ratio_of_means_interval(num, [0.0, 10.0]) == (None, None, None)
+  assert exp.ratio_of_means_interval([], den) == (None, None, None)
