@@ -15,8 +15,9 @@ import math
 
 import ml_collections
 
-from cbs_jax import batch as batch_lib
+from cbs_jax import controller
 from cbs_jax import gradstats
+from cbs_jax import lr_rules
 from cbs_jax import model as model_lib
 from cbs_jax import rl
 from cbs_jax import scoring
@@ -92,7 +93,7 @@ def base_config() -> ConfigDict:
   c.batch.adaptive_every = 10       # adaptive: rounds between decisions
   c.batch.adaptive_signal = "b_noise"  # adaptive: b_noise (raw gradients) | b_noise_adam (in
                                        # Adam's preconditioned metric) | b_crit (the raw
-                                       # tracker x adaptive_b_crit_ratio; see cbs_jax/batch.py)
+                                       # tracker x adaptive_b_crit_ratio; see cbs_jax/controller.py)
   c.batch.adaptive_b_crit_ratio = 0.0  # adaptive, signal b_crit: B_crit / B_noise measured by an
                                        # on-policy study at this K (0 = unset)
   c.batch.adaptive_hysteresis = 1.25   # adaptive: move only when the whole interval leaves the
@@ -170,9 +171,9 @@ def base_config() -> ConfigDict:
 # (config.rl's and config.sampling's fields: rl.RLSpec, scoring.SamplingSpec)
 _CHOICES = {
     "mode": ("rl", "sft"),
-    "optim.lr_rule": batch_lib.LR_RULES,
+    "optim.lr_rule": lr_rules.LR_RULES,
     "batch.schedule": ("fixed", "adaptive"),
-    "batch.adaptive_signal": batch_lib.SIGNALS,
+    "batch.adaptive_signal": controller.SIGNALS,
     "noise.exact_method": gradstats.EXACT_METHODS,
 }
 _POSITIVE = ("sft.steps", "sft.batch_size", "batch.num_prompts",
@@ -190,15 +191,33 @@ _NON_NEGATIVE = ("seed", "drift.probe_prompts", "sampling.max_new_tokens",
                  "batch.adaptive_b_crit_ratio")
 
 
-def _get(c, dotted):
-  for part in dotted.split("."):
-    c = c[part]
-  return c
+def parent_and_leaf(config: ConfigDict, dotted: str) -> tuple[ConfigDict, str]:
+  """The ConfigDict holding field ``dotted`` (e.g. "batch.num_prompts") and
+  the field's own key; ValueError naming ``dotted`` and the fields known where
+  the path breaks when ``config`` has no such field."""
+  parts = dotted.split(".")
+  node = config
+  for i, part in enumerate(parts):
+    if not isinstance(node, ConfigDict) or part not in node:
+      where = ".".join(parts[:i]) or "the config root"
+      known = sorted(node.keys()) if isinstance(node, ConfigDict) else []
+      raise ValueError(f"unknown config field {dotted!r} ({part!r} is not a field of "
+                       f"{where}; known: {known})")
+    if i < len(parts) - 1:
+      node = node[part]
+  return node, parts[-1]
+
+
+def get_path(config: ConfigDict, dotted: str):
+  """The value of field ``dotted`` (e.g. "batch.num_prompts") of ``config``;
+  ValueError naming ``dotted`` when there is no such field."""
+  node, leaf = parent_and_leaf(config, dotted)
+  return node[leaf]
 
 
 def _num(c, dotted):
   """The numeric value of a field; None or a non-number is an error naming it."""
-  v = _get(c, dotted)
+  v = get_path(c, dotted)
   if isinstance(v, bool) or not isinstance(v, (int, float)):
     raise ValueError(f"config.{dotted} must be a number, got {v!r}")
   return v
@@ -209,7 +228,7 @@ def validate(c: ConfigDict) -> None:
   if c.task.name not in tasks.TASKS:
     raise ValueError(f"config.task.name={c.task.name!r} is not one of {sorted(tasks.TASKS)}")
   for field, choices in _CHOICES.items():
-    v = _get(c, field)
+    v = get_path(c, field)
     if v not in choices:
       raise ValueError(f"config.{field}={v!r} is not one of {list(choices)}")
   # config.rl and config.sampling: their specs check every field on construction
@@ -228,11 +247,11 @@ def validate(c: ConfigDict) -> None:
     if not v > 0:
       raise ValueError(f"config.{field} must be > 0, got {v!r}")
   for field in ("optim.lr", "sft.lr"):
-    if not math.isfinite(_get(c, field)):
-      raise ValueError(f"config.{field} must be finite, got {_get(c, field)!r}")
+    if not math.isfinite(get_path(c, field)):
+      raise ValueError(f"config.{field} must be finite, got {get_path(c, field)!r}")
   for field in ("train.stop_at_pass_rate", "train.stop_below_pass_rate"):
     if not 0.0 <= _num(c, field) <= 1.0:
-      raise ValueError(f"config.{field} must be in [0, 1], got {_get(c, field)!r}")
+      raise ValueError(f"config.{field} must be in [0, 1], got {get_path(c, field)!r}")
   for field in ("optim.b1", "optim.b2", "sft.label_noise"):
     v = _num(c, field)
     if not 0.0 <= v <= 1.0:
@@ -296,7 +315,7 @@ def validate(c: ConfigDict) -> None:
                          f"{b.adaptive_hysteresis!r}")
       for field in ("batch.adaptive_factor", "batch.adaptive_z", "batch.adaptive_hysteresis"):
         if not math.isfinite(_num(c, field)):
-          raise ValueError(f"config.{field} must be finite, got {_get(c, field)!r}")
+          raise ValueError(f"config.{field} must be finite, got {get_path(c, field)!r}")
       if b.adaptive_max_prompts < b.adaptive_min_prompts:
         raise ValueError(f"config.batch.adaptive_max_prompts={b.adaptive_max_prompts} is "
                          f"below config.batch.adaptive_min_prompts={b.adaptive_min_prompts}")
@@ -308,8 +327,7 @@ def validate(c: ConfigDict) -> None:
       if not c.noise.split_every:
         raise ValueError("config.batch.schedule='adaptive' reads the noise tracker: set "
                          "config.noise.split_every > 0")
-      buckets = [b.adaptive_min_prompts * 2 ** j for j in range(64)
-                 if b.adaptive_min_prompts * 2 ** j <= b.adaptive_max_prompts]
+      buckets = controller.buckets(b.adaptive_min_prompts, b.adaptive_max_prompts)
       if P not in buckets:
         raise ValueError(f"config.batch.num_prompts={P} (the adaptive run's first batch) is "
                          f"not one of its buckets {buckets} (config.batch.adaptive_min_prompts"

@@ -50,7 +50,7 @@ from typing import Any, Mapping, Sequence
 import ml_collections
 import numpy as np
 
-from cbs_jax import batch as batch_lib
+from cbs_jax import lr_rules
 from cbs_jax import probes
 from cbs_jax import systems
 
@@ -208,7 +208,7 @@ def recommend(noise_or_fit: Mapping[str, Any], accelerator: Any, chips: int, mod
   Args:
     noise_or_fit: a fit {b_crit, [s_min | e_min], [b_crit_se]} or a noise
       record {b_noise, [b_noise_se], [K], ...} (``load_noise``); keys are
-      case-insensitive (``batch.fit_critical_batch``'s S_min/B_crit work).
+      case-insensitive (``batch_law.fit_critical_batch``'s S_min/B_crit work).
     accelerator: a ``systems`` registry name or an ``Accelerator``.
     chips: chip count (> 0), see ``systems`` for how it scales.
     model_cfg: a cbs_jax model config or ``systems.ModelDims``.
@@ -236,7 +236,7 @@ def recommend(noise_or_fit: Mapping[str, Any], accelerator: Any, chips: int, mod
   lr_of = None
   if optim is not None:
     lr0, rule, ref = optim["lr"], optim.get("lr_rule", "sqrt"), optim.get("ref_batch", 256)
-    lr_of = lambda n: lr0 * batch_lib.lr_scale(rule, n, ref)
+    lr_of = lambda n: lr0 * lr_rules.lr_scale(rule, n, ref)
 
   costs = [systems.round_time(dims, acc, n, prompt_len, completion_len, chips=chips,
                               parallel=parallel, mfu=mfu, epochs=epochs,

@@ -174,7 +174,7 @@ def pareto(points, fit: Mapping[str, Any] | None = None, title: str | None = Non
   a dict of lists with those keys (E defaults to N * S); one marker per
   point, one marker shape per N (legend: N). Points with S None/nan (the
   target was not reached) are left out and listed in the legend.
-  ``fit``: a ``batch.fit_critical_batch`` result (``S_min``, ``B_crit``,
+  ``fit``: a ``batch_law.fit_critical_batch`` result (``S_min``, ``B_crit``,
   ``E_min``; optionally ``B_crit_lo``/``B_crit_hi``). It draws the
   hyperbola (S/S_min - 1)(E/E_min - 1) = 1 (line gid ``"fit"``), its
   asymptotes S_min and E_min, the knee N = B_crit (S = 2 S_min, E = 2

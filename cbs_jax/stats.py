@@ -1,7 +1,7 @@
 """Fits with intervals: weighted least squares, nested-model tests, bootstrap.
 
 The studies' numbers come from fits: S(N) = S_min (1 + B_crit / N) in
-``batch.py``, noise against kappa in ``drift.py``. Each needs an interval
+``batch_law.py``, noise against kappa in ``drift.py``. Each needs an interval
 and, where two models compete, a test between them. This module holds the
 general pieces (numpy and scipy.stats only):
 

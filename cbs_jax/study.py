@@ -12,7 +12,7 @@ cannot enumerate its answers) every few rounds. This module reads their
   rounds, optimizer steps and rollouts generated.
 * ``to_target``: steps-to-target S (generation rounds and optimizer steps)
   and rollouts-to-target E = S * N at each target, linearly interpolated
-  between the two evaluations around the first crossing (``batch.
+  between the two evaluations around the first crossing (``batch_law.
   steps_to_target``); None where the run never reached it.
 * ``seed_interval``: mean and a t-interval over seeds (seeds are the
   replicates; with 3 seeds the interval is wide, as it should be).
@@ -35,7 +35,8 @@ from typing import Sequence
 import numpy as np
 from scipy import stats as sps
 
-from cbs_jax import batch as batch_lib
+from cbs_jax import batch_law
+from cbs_jax import config as config_lib
 from cbs_jax import metrics as metrics_lib
 from cbs_jax import sweep
 
@@ -75,7 +76,7 @@ def to_target(curve: dict, targets: Sequence[float]) -> dict:
   (interpolated; None when never reached)."""
   out = {}
   for t in targets:
-    out[float(t)] = {k: batch_lib.steps_to_target(curve[k], curve["value"], t)
+    out[float(t)] = {k: batch_law.steps_to_target(curve[k], curve["value"], t)
                      for k in ("rounds", "steps", "rollouts")}
   return out
 
@@ -162,7 +163,7 @@ def collect(rows, targets: Sequence[float], config=None) -> list[dict]:
 
 def fit_targets(records, targets, x: str = "rounds", n_boot: int = 2000,
                 seed: int = 0) -> dict:
-  """``{target: fit}``: ``batch.fit_critical_batch`` of steps-to-target
+  """``{target: fit}``: ``batch_law.fit_critical_batch`` of steps-to-target
   (``x`` = "rounds" or "steps") against N, seeds as replicates; a fit that
   cannot be made (too few batch sizes reached the target) is
   ``dict(error=...)`` with the reason."""
@@ -173,7 +174,7 @@ def fit_targets(records, targets, x: str = "rounds", n_boot: int = 2000,
     s = [r["to_target"][t][x] for r in records]
     sd = [r["seed"] for r in records]
     try:
-      out[t] = batch_lib.fit_critical_batch(n, s, sd, n_boot=n_boot, seed=seed)
+      out[t] = batch_law.fit_critical_batch(n, s, sd, n_boot=n_boot, seed=seed)
     except ValueError as e:
       out[t] = dict(error=str(e), resolved=False, verdict="unresolved")
   return out
@@ -208,11 +209,4 @@ def overrides_between(base, other) -> dict:
   fb = sweep._flatten(sweep._as_json(other))  # pylint: disable=protected-access
   if set(fa) != set(fb):
     raise ValueError(f"configs differ in their fields: {sorted(set(fa) ^ set(fb))}")
-  return {k: other_value(other, k) for k in sorted(fa) if fa[k] != fb[k]}
-
-
-def other_value(config, dotted: str):
-  node = config
-  for part in dotted.split("."):
-    node = node[part]
-  return node
+  return {k: config_lib.get_path(other, k) for k in sorted(fa) if fa[k] != fb[k]}

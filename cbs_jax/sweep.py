@@ -39,23 +39,6 @@ _UNSAFE = re.compile(r"[^A-Za-z0-9._=+-]")
 _MAX_NAME = 120
 
 
-def _node_and_leaf(config: ml_collections.ConfigDict, dotted: str):
-  """The ConfigDict holding field ``dotted`` and its last key; ValueError if absent."""
-  parts = dotted.split(".")
-  node = config
-  for i, part in enumerate(parts):
-    if not isinstance(node, ml_collections.ConfigDict) or part not in node:
-      where = ".".join(parts[:i]) or "the config root"
-      known = sorted(node.keys()) if isinstance(node, ml_collections.ConfigDict) else []
-      raise ValueError(f"sweep override names unknown config field {dotted!r} "
-                       f"({part!r} is not a field of {where}; known: {known})")
-    if i < len(parts) - 1:
-      node = node[part]
-  if isinstance(node[parts[-1]], ml_collections.ConfigDict):
-    raise ValueError(f"sweep override {dotted!r} names a config section, not a field")
-  return node, parts[-1]
-
-
 def apply_overrides(base_config: ml_collections.ConfigDict,
                     overrides: dict[str, Any]) -> ml_collections.ConfigDict:
   """A copy of ``base_config`` with ``overrides`` (dotted field -> value) set.
@@ -65,7 +48,12 @@ def apply_overrides(base_config: ml_collections.ConfigDict,
   """
   config = copy.deepcopy(base_config)
   for dotted, value in overrides.items():
-    node, leaf = _node_and_leaf(config, dotted)
+    try:
+      node, leaf = config_lib.parent_and_leaf(config, dotted)
+    except ValueError as e:
+      raise ValueError(f"sweep override names {e}") from None
+    if isinstance(node[leaf], ml_collections.ConfigDict):
+      raise ValueError(f"sweep override {dotted!r} names a config section, not a field")
     try:
       node[leaf] = value
     except TypeError as e:

@@ -42,13 +42,14 @@ import numpy as np
 import optax
 import tqdm
 
-from cbs_jax import batch as batch_lib
 from cbs_jax import checkpoint as ckpt_lib
 from cbs_jax import config as config_lib
+from cbs_jax import controller as controller_lib
 from cbs_jax import drift
 from cbs_jax import evaluation
 from cbs_jax import gradstats
 from cbs_jax import hf
+from cbs_jax import lr_rules
 from cbs_jax import metrics as metrics_lib
 from cbs_jax import model as model_lib
 from cbs_jax import noise
@@ -424,13 +425,13 @@ class Run:
     return self.updaters[P_mb]
 
 
-def make_controller(config) -> batch_lib.AdaptiveBatch | None:
+def make_controller(config) -> controller_lib.AdaptiveBatch | None:
   """The adaptive batch controller of ``config.batch`` (None for a fixed
   schedule), starting at ``batch.num_prompts``."""
   b = config.batch
   if b.schedule != "adaptive":
     return None
-  return batch_lib.AdaptiveBatch(
+  return controller_lib.AdaptiveBatch(
       b.rollouts_per_prompt, b.adaptive_min_prompts, b.adaptive_max_prompts,
       b.adaptive_factor, b.adaptive_every, prompts=b.num_prompts,
       hysteresis=b.adaptive_hysteresis)
@@ -530,15 +531,15 @@ def choose_prompts(run: Run, rnd: int) -> tuple[int, dict]:
   b = c.batch
   if run.controller is None:
     return b.num_prompts, {}
-  sig = batch_lib.signal_interval(b.adaptive_signal, run.ema.interval(b.adaptive_z),
-                                  run.ema_adam.interval(b.adaptive_z),
-                                  b.adaptive_b_crit_ratio)
+  sig = controller_lib.signal_interval(b.adaptive_signal, run.ema.interval(b.adaptive_z),
+                                       run.ema_adam.interval(b.adaptive_z),
+                                       b.adaptive_b_crit_ratio)
   ctl = run.controller
   P = ctl.update(rnd, sig)
   run.meta["controller"] = ctl.state_dict()
   K = b.rollouts_per_prompt
-  lr = c.optim.lr * batch_lib.lr_scale(c.optim.lr_rule, P // b.num_minibatches * K,
-                                       c.optim.ref_batch)
+  lr = c.optim.lr * lr_rules.lr_scale(c.optim.lr_rule, P // b.num_minibatches * K,
+                                      c.optim.ref_batch)
   return P, {"adaptive/signal": sig["value"], "adaptive/signal_se": sig["se"],
              "adaptive/signal_lo": sig["lo"], "adaptive/signal_hi": sig["hi"],
              "adaptive/resolved": sig["resolved"], "adaptive/decision": ctl.decides(rnd),
@@ -563,8 +564,8 @@ def update_round(run: Run, batch: dict, rnd: int, P: int, probe=None):
     for mbi in range(M):
       p = perm[mbi * P_mb:(mbi + 1) * P_mb]
       idx.append((p[:, None] * K + np.arange(K)[None]).reshape(-1))
-  lr_base = c.optim.lr * batch_lib.lr_scale(c.optim.lr_rule, P_mb * K, c.optim.ref_batch)
-  lrs = [lr_base * batch_lib.warmup(meta["step"] + j, c.optim.warmup_steps)
+  lr_base = c.optim.lr * lr_rules.lr_scale(c.optim.lr_rule, P_mb * K, c.optim.ref_batch)
+  lrs = [lr_base * lr_rules.warmup(meta["step"] + j, c.optim.warmup_steps)
          for j in range(len(idx))]
   due = lambda every: bool(every) and rnd % every == 0
   if c.batch.staleness:  # params are about to change: remember this round's start

@@ -119,7 +119,7 @@ jax.config.update("jax_compilation_cache_dir",  # a cache you already use is kep
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
 logging.set_verbosity(logging.WARNING)
 
-from cbs_jax import batch as batch_lib
+from cbs_jax import batch_law, lr_rules
 from cbs_jax import measure, metrics, plan, plots, sweep, train
 from configs import default
 
@@ -298,7 +298,7 @@ show(plots.noise_over_training(xs, series, bands, title="gradient noise scale ov
 # when the exact expected pass rate gains `target_gain` over the base. `cbs_jax.sweep`
 # runs them resumably (rerun this cell and finished runs are read back).
 # Steps-to-target S(N) is then fitted to S = S_min (1 + B_crit / N) with seeds as
-# replicates and a bootstrap interval (`batch.fit_critical_batch`). The fit is
+# replicates and a bootstrap interval (`batch_law.fit_critical_batch`). The fit is
 # *resolved* only when the B_crit interval lies inside the swept range: a knee outside
 # the sweep was not observed.
 
@@ -330,9 +330,9 @@ for ov, res in zip(overrides, results):
   n = ov["batch.num_prompts"] * Ks
   m = metrics.read_jsonl(os.path.join(res["workdir"], "metrics.jsonl"))
   e = [r for r in m if "eval_expected_pass" in r]
-  s = batch_lib.steps_to_target([r["round"] for r in e], [r["eval_expected_pass"] for r in e],
+  s = batch_law.steps_to_target([r["round"] for r in e], [r["eval_expected_pass"] for r in e],
                                 TARGET)
-  lr = config.optim.lr * batch_lib.lr_scale(config.optim.lr_rule, n, config.optim.ref_batch)
+  lr = config.optim.lr * lr_rules.lr_scale(config.optim.lr_rule, n, config.optim.ref_batch)
   points.append(dict(N=n, S=s, seed=ov["seed"], lr=lr))
   if ov["seed"] == S["seeds"][0]:
     sweep_curves.append(dict(label=f"N={n}", rollouts=[r["rollouts_seen"] for r in e],
@@ -347,7 +347,7 @@ show(plots.learning_curves(sweep_curves, target=TARGET, logx=True,
                            ylabel="exact expected pass@1 (fraction)",
                            title=f"sweep (seed {S['seeds'][0]}), lr ∝ sqrt(N)"), "sweep_curves")
 try:
-  fit = batch_lib.fit_critical_batch([p["N"] for p in points], [p["S"] for p in points],
+  fit = batch_law.fit_critical_batch([p["N"] for p in points], [p["S"] for p in points],
                                      seeds=[p["seed"] for p in points])
   print(f"S_min = {fit['S_min']:.3g} steps [{fit['S_min_lo']:.3g}, {fit['S_min_hi']:.3g}], "
         f"B_crit = {fit['B_crit']:.4g} rollouts, {100 * fit['level']:.0f}% interval "

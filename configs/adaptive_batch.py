@@ -7,8 +7,8 @@ Arguments (``get_config(arg)``): the controller's signal
   b_noise        the raw-gradient tracker's B_noise (N = signal, no calibration)
   b_noise_adam   B_noise in Adam's preconditioned metric
   b_crit         B_CRIT_RATIO x the raw tracker: the B_crit implied by an
-                 on-policy fit (see cbs_jax/batch.py for why a running fit
-                 is not possible within one run, and the limits)
+                 on-policy fit (see cbs_jax/controller.py for why a running
+                 fit is not possible within one run, and the limits)
   quick, quick_<signal>   a tiny version for the test suite (minutes)
 
 Everything else is ``configs/batch_law.py:on`` (``:quick``): the shared SFT
@@ -20,27 +20,49 @@ seven shapes compile). Evaluation runs every round; the experiment keeps
 only the evaluations on the on-policy study's grid (about every 2,048
 rollouts), so adaptive and fixed runs are judged on the same grid.
 """
+import json
+import os
+
+from cbs_jax import batch_law as batch_law_lib
+from cbs_jax import controller
 from configs import batch_law
 
-SIGNALS = ("b_noise", "b_noise_adam", "b_crit")
+SIGNALS = controller.SIGNALS
 VARIANTS = SIGNALS + ("quick",) + tuple(f"quick_{s}" for s in SIGNALS)
 MIN_PROMPTS, MAX_PROMPTS = 8, 512     # N = 128 ... 8,192 at K = 16
 START_PROMPTS = 16                    # N = 256: the config default (configs/default.py)
 EVERY = 5                             # rounds between decisions
 MAX_ROUNDS = 3000                     # a cap; runs stop at the highest target
-# B_crit / B_noise at K = 16 from the committed on-policy study
-# (experiments/results/batch_law_on_policy/batch_law_on_policy_fits.json,
-# ``batch.calibration_from_fits`` at the main target 0.54): B_crit = 4,698
-# [4,122, 5,380] rollouts over B_noise = 4,855 +- 972 (inverse-variance mean
-# of 4,550 +- 1,058 at the SFT base and 6,505 +- 2,462 after 192 rounds),
-# ratio 0.968 [0.61, 1.85]. experiments/adaptive_batch.py reads the ratio
-# from that file itself when its fit is resolved (--fits); this is the
-# fallback, and tests/test_adaptive.py checks the two agree.
+# B_crit / B_noise at K = 16, read from the committed on-policy study
+# (B_CRIT_FITS under the repository root, ``batch_law.calibration_from_fits``
+# at the main target 0.54): B_crit = 4,698 [4,122, 5,380] rollouts over
+# B_noise = 4,855 +- 972 (inverse-variance mean of 4,550 +- 1,058 at the SFT
+# base and 6,505 +- 2,462 after 192 rounds), ratio 0.968 [0.61, 1.85].
+# experiments/adaptive_batch.py reads the ratio from its --fits file itself
+# when that fit is resolved; B_CRIT_RATIO is its fallback.
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 B_CRIT_FITS = "experiments/results/batch_law_on_policy/batch_law_on_policy_fits.json"
-B_CRIT_TARGET = 0.54
-B_CRIT_RATIO = 4697.549 / 4854.968    # ~0.968
+B_CRIT_TARGET = batch_law.TARGETS[len(batch_law.TARGETS) // 2]  # the main target, 0.54
 EVAL_GRID = 2048                      # rollouts between the evaluations that count
 QUICK_EVAL_GRID = 32
+
+
+def b_crit_calibration(root: str = REPO_ROOT) -> dict:
+  """``batch_law.calibration_from_fits`` of the on-policy study's fits
+  (``root``/B_CRIT_FITS) at B_CRIT_TARGET; FileNotFoundError naming the
+  file when it is missing (an installed copy of configs/ without the
+  repository's experiments/results)."""
+  path = os.path.join(root, B_CRIT_FITS)
+  if not os.path.exists(path):
+    raise FileNotFoundError(
+        f"configs/adaptive_batch.py reads B_crit / B_noise from the on-policy study's fits "
+        f"{path}, which is missing: run experiments/batch_law_on_policy.py, or use the "
+        "configs of a checkout that holds experiments/results")
+  with open(path) as f:
+    return batch_law_lib.calibration_from_fits(json.load(f), B_CRIT_TARGET)
+
+
+B_CRIT_RATIO = b_crit_calibration()["ratio"]   # ~0.968
 
 
 def get_config(arg="b_noise"):

@@ -9,7 +9,7 @@ Arms, every run from the same SFT base and ``--seeds`` (>= 3) as replicates:
 
 * adaptive:<signal> -- ``configs/adaptive_batch.py:<signal>`` for each of
   ``--signals`` (b_noise, b_noise_adam, b_crit): GRPO starting at the config
-  default N = 256, the controller (``cbs_jax.batch.AdaptiveBatch``) moving N
+  default N = 256, the controller (``cbs_jax.controller.AdaptiveBatch``) moving N
   over power-of-two buckets from the tracker's interval, lr by the sqrt rule
   from the chosen N. The b_crit signal's ratio B_crit / B_noise comes from
   the on-policy study's fit (``--fits``) when that fit is resolved, else
@@ -60,8 +60,9 @@ import time
 
 import numpy as np
 from absl import logging
+from scipy import stats as sps
 
-from cbs_jax import batch as batch_lib
+from cbs_jax import batch_law as batch_law_lib
 from cbs_jax import metrics as metrics_lib
 from cbs_jax import plots
 from cbs_jax import report
@@ -194,27 +195,32 @@ def run_record(row: dict, arm: str, targets, rate: Rate | None) -> dict:
     curve["value"].append(v)
   curve = {k: np.asarray(v, np.float64) for k, v in curve.items()}
   xs = ("rounds", "rollouts") + (("seconds",) if rate is not None else ())
-  to = {float(t): {x: batch_lib.steps_to_target(curve[x], curve["value"], t) for x in xs}
+  to = {float(t): {x: batch_law_lib.steps_to_target(curve[x], curve["value"], t) for x in xs}
         for t in targets}
   o = row["overrides"]
   return dict(arm=arm, name=row["name"], seed=o.get("seed", 0), curve=curve, traj=traj,
               to_target=to, N_visited=sorted(set(traj["N"])), summary=row.get("summary", {}))
 
 
-def ratio_interval(num, den, level=LEVEL, n_boot=4000, seed=0):
+def _ratio_of_means(num, den, axis=-1):
+  return np.mean(num, axis=axis) / np.mean(den, axis=axis)
+
+
+def ratio_of_means_interval(num, den, level=LEVEL, n_boot=4000, seed=0):
   """Ratio of the mean of ``num`` to the mean of ``den`` (per-seed values),
-  with a percentile bootstrap interval resampling seeds within each arm;
-  None when a seed of either arm did not reach the target."""
+  with a percentile bootstrap interval (``scipy.stats.bootstrap``, unpaired:
+  seeds resampled within each arm); None when a seed of either arm did not
+  reach the target."""
   if not num or not den or any(v is None for v in num + den):
     return None, None, None
   a, b = np.asarray(num, np.float64), np.asarray(den, np.float64)
   if not b.min() > 0:  # the reference was at the target before its first update
     return None, None, None
-  rng = np.random.default_rng(seed)
-  ra = rng.choice(a, size=(n_boot, a.size)).mean(1)
-  rb = rng.choice(b, size=(n_boot, b.size)).mean(1)
-  lo, hi = stats.percentile_ci(ra / rb, level)
-  return float(a.mean() / b.mean()), lo, hi
+  boot = sps.bootstrap((a, b), _ratio_of_means, n_resamples=n_boot, vectorized=True,
+                       paired=False, confidence_level=level, method="percentile",
+                       random_state=np.random.default_rng(seed))
+  ci = boot.confidence_interval
+  return float(a.mean() / b.mean()), float(ci.low), float(ci.high)
 
 
 def verdict(ratio, lo, hi, threshold, better: str) -> str:
@@ -239,7 +245,7 @@ def b_crit_ratio(args, main_t):
   with open(args.fits) as f:
     doc = json.load(f)
   try:
-    cal = batch_lib.calibration_from_fits(doc, main_t)
+    cal = batch_law_lib.calibration_from_fits(doc, main_t)
   except ValueError as e:
     return default, (f"B_crit / B_noise = {default:.3f}, the committed default "
                      f"(configs/adaptive_batch.py): {args.fits}: {e}"), None
@@ -348,7 +354,7 @@ def main(argv=None):
       if ref is None:
         d[f"vs {ref_name}"] = "–"
         continue
-      rr, lo, hi = ratio_interval(vals(recs), vals(ref))
+      rr, lo, hi = ratio_of_means_interval(vals(recs), vals(ref))
       d[f"vs {ref_name}"] = stats.fmt(rr, lo, hi) if rr is not None else "–"
       if name.startswith("adaptive"):
         verdicts.append(f"- {name} vs fixed {ref_name}: {x_main}-to-{main_t} ratio "

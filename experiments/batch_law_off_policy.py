@@ -31,7 +31,7 @@ import time
 
 from absl import logging
 
-from cbs_jax import batch as batch_lib
+from cbs_jax import batch_law as batch_law_lib
 from cbs_jax import report
 from cbs_jax import stats
 from cbs_jax import study
@@ -104,7 +104,7 @@ def main(argv=None):
       if "error" in a or "error" in b:
         ratio_lines.append(f"| {t} | {name[3:]} | – | unresolved (a fit is missing) |")
         continue
-      lo, hi = batch_lib.ratio_interval(a["boot_B_crit"], b["boot_B_crit"])
+      lo, hi = batch_law_lib.bootstrap_ratio_interval(a["boot_B_crit"], b["boot_B_crit"])
       both = a["resolved"] and b["resolved"]
       ratio_lines.append(f"| {t} | {name[3:]} | {a['B_crit'] / b['B_crit']:.3g} | "
                          f"[{stats.fmt(lo)}, {stats.fmt(hi)}]"

@@ -13,7 +13,7 @@ round, lr = lr0 sqrt(N / 256), each run stopped at the highest target of
 held-out exact expected pass rate. For each target: S(N) in generation
 rounds and E(N) = N S(N) in rollouts with t-intervals over seeds, and
 S = S_min (1 + B_crit / N) fitted with seeds as replicates and a bootstrap
-interval (``cbs_jax.batch.fit_critical_batch``; "unresolved" when the
+interval (``cbs_jax.batch_law.fit_critical_batch``; "unresolved" when the
 interval leaves the swept range). Beside it, B_noise at K = 16 measured by
 ``cbs_jax.measure`` (pooled batches at fixed parameters, jackknife SEs) at
 the SFT base and at the end of the N = 256 run.

@@ -31,7 +31,7 @@ import time
 import numpy as np
 from absl import logging
 
-from cbs_jax import batch as batch_lib
+from cbs_jax import lr_rules
 from cbs_jax import plots
 from cbs_jax import report
 from cbs_jax import stats
@@ -41,7 +41,7 @@ from cbs_jax import study_runner
 from configs import batch_law
 
 NAME = "lr_scaling"
-RULES = ("constant", "sqrt", "linear")
+RULES = lr_rules.LR_RULES
 HOLDS = 1.25
 
 
@@ -111,7 +111,7 @@ def main(argv=None):
       collapsed = sum(bool(r["summary"].get("stopped_collapsed")) for r in rs)
       ratio = e["mean"] / e0 if e["mean"] and e0 else None
       oc = configs[rule].optim
-      table.append(dict(rule=rule, N=N, lr=oc.lr * batch_lib.lr_scale(rule, N, oc.ref_batch),
+      table.append(dict(rule=rule, N=N, lr=oc.lr * lr_rules.lr_scale(rule, N, oc.ref_batch),
           E=stats.fmt(e["mean"], e["lo"], e["hi"]), E_ratio=ratio,
           holds=None if ratio is None else ("yes" if ratio <= HOLDS else "no"),
           distance=curve_distance(mc[N], mc.get(ref_n, mc[ns[0]])),

@@ -2,6 +2,7 @@
 signals on synthetic trajectories (through the trainer's ``choose_prompts``),
 bounds and buckets, the learning rate, checkpoint restore end to end, and
 the experiment's ``--quick`` mode."""
+import importlib.util
 import json
 import math
 import os
@@ -13,8 +14,9 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from cbs_jax import batch as batch_lib
+from cbs_jax import batch_law
 from cbs_jax import config as config_lib
+from cbs_jax import controller
 from cbs_jax import metrics as metrics_lib
 from cbs_jax import noise_tracker
 from cbs_jax import stats as stats_lib
@@ -24,7 +26,7 @@ from cbs_jax.tasks import arithmetic
 from configs import adaptive_batch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SIGNALS = batch_lib.SIGNALS
+SIGNALS = controller.SIGNALS
 
 
 # --------------------------------------------------------------- the interval
@@ -125,19 +127,19 @@ def test_interval_covers_a_fixed_b_noise_under_heavy_noise():
 def test_signal_interval_maps_each_signal():
   raw = dict(b_noise=1000.0, se=100.0, lo=800.0, hi=1300.0, resolved=True)
   adam = dict(b_noise=50.0, se=5.0, lo=40.0, hi=65.0, resolved=True)
-  s = batch_lib.signal_interval("b_noise", raw, adam)
+  s = controller.signal_interval("b_noise", raw, adam)
   assert (s["value"], s["lo"], s["hi"], s["se"]) == (1000.0, 800.0, 1300.0, 100.0)
-  s = batch_lib.signal_interval("b_noise_adam", raw, adam)
+  s = controller.signal_interval("b_noise_adam", raw, adam)
   assert (s["value"], s["lo"], s["hi"]) == (50.0, 40.0, 65.0)
-  s = batch_lib.signal_interval("b_crit", raw, adam, b_crit_ratio=0.25)
+  s = controller.signal_interval("b_crit", raw, adam, b_crit_ratio=0.25)
   assert (s["value"], s["lo"], s["hi"], s["se"]) == (250.0, 200.0, 325.0, 25.0)
   unres = dict(b_noise=math.nan, se=math.nan, lo=0.0, hi=math.inf, resolved=False)
-  s = batch_lib.signal_interval("b_crit", unres, None, b_crit_ratio=0.25)
+  s = controller.signal_interval("b_crit", unres, None, b_crit_ratio=0.25)
   assert not s["resolved"] and s["hi"] == math.inf and s["lo"] == 0.0
   with pytest.raises(ValueError, match="b_crit_ratio"):
-    batch_lib.signal_interval("b_crit", raw, adam)
+    controller.signal_interval("b_crit", raw, adam)
   with pytest.raises(ValueError, match="adaptive_signal='nope'"):
-    batch_lib.signal_interval("nope", raw, adam)
+    controller.signal_interval("nope", raw, adam)
 
 
 def test_calibration_from_a_fits_file():
@@ -145,7 +147,7 @@ def test_calibration_from_a_fits_file():
   doc = {"on": {"0.54": fit}, "noise": [dict(b_noise=8000.0, b_noise_se=1000.0),
                                         dict(b_noise=12000.0, b_noise_se=2000.0),
                                         dict(b_noise=None, b_noise_se=None)]}
-  cal = batch_lib.calibration_from_fits(doc, 0.54)
+  cal = batch_law.calibration_from_fits(doc, 0.54)
   w1, w2 = 1 / 1000.0 ** 2, 1 / 2000.0 ** 2
   b = (8000 * w1 + 12000 * w2) / (w1 + w2)
   se = 1 / math.sqrt(w1 + w2)
@@ -155,19 +157,21 @@ def test_calibration_from_a_fits_file():
   assert cal["hi"] == pytest.approx(3000 / (b - 2 * se))
   assert cal["resolved"]
   with pytest.raises(ValueError, match="target 0.58"):
-    batch_lib.calibration_from_fits(doc, 0.58)
+    batch_law.calibration_from_fits(doc, 0.58)
   with pytest.raises(ValueError, match="no fit"):
-    batch_lib.calibration_from_fits({"on": {"0.54": {"error": "too few"}}}, 0.54)
+    batch_law.calibration_from_fits({"on": {"0.54": {"error": "too few"}}}, 0.54)
 
 
-def test_config_ratio_is_the_committed_studys():
-  path = os.path.join(ROOT, adaptive_batch.B_CRIT_FITS)
-  if not os.path.exists(path):
-    pytest.skip(f"{adaptive_batch.B_CRIT_FITS} not committed")
-  with open(path) as f:
-    cal = batch_lib.calibration_from_fits(json.load(f), adaptive_batch.B_CRIT_TARGET)
+def test_config_ratio_is_the_committed_studys(tmp_path):
+  with open(os.path.join(ROOT, adaptive_batch.B_CRIT_FITS)) as f:
+    cal = batch_law.calibration_from_fits(json.load(f), 0.54)
   assert cal["resolved"]
-  assert adaptive_batch.B_CRIT_RATIO == pytest.approx(cal["ratio"], rel=1e-4)
+  assert adaptive_batch.B_CRIT_RATIO == cal["ratio"]
+  # the numbers the config held before it read the file: 4,697.549 / 4,854.968
+  assert adaptive_batch.B_CRIT_RATIO == pytest.approx(4697.549 / 4854.968, rel=1e-6)
+  assert adaptive_batch.get_config("b_crit").batch.adaptive_b_crit_ratio == cal["ratio"]
+  with pytest.raises(FileNotFoundError, match="batch_law_on_policy_fits.json"):
+    adaptive_batch.b_crit_calibration(str(tmp_path))
 
 
 # ------------------------------------------- synthetic trajectories, trainer path
@@ -341,20 +345,20 @@ def test_config_checks_name_the_adaptive_fields():
 
 
 def test_controller_state_refuses_other_buckets_and_bad_arguments():
-  ctl = batch_lib.AdaptiveBatch(16, 8, 64, prompts=16)
+  ctl = controller.AdaptiveBatch(16, 8, 64, prompts=16)
   state = dict(ctl.state_dict(), prompts=32, changes=2)
   ctl.load_state_dict(state)
   assert (ctl.prompts, ctl.changes) == (32, 2)
   with pytest.raises(ValueError, match="differ from this config's"):
-    batch_lib.AdaptiveBatch(16, 8, 128).load_state_dict(state)
+    controller.AdaptiveBatch(16, 8, 128).load_state_dict(state)
   with pytest.raises(ValueError, match="prompts=24 is not a bucket"):
     ctl.load_state_dict(dict(prompts=24))
   with pytest.raises(ValueError, match="starting prompts=12"):
-    batch_lib.AdaptiveBatch(16, 8, 64, prompts=12)
+    controller.AdaptiveBatch(16, 8, 64, prompts=12)
   with pytest.raises(ValueError, match="every=0"):
-    batch_lib.AdaptiveBatch(16, 8, 64, every=0)
+    controller.AdaptiveBatch(16, 8, 64, every=0)
   with pytest.raises(ValueError, match="factor"):
-    batch_lib.AdaptiveBatch(16, 8, 64, factor=float("nan"))
+    controller.AdaptiveBatch(16, 8, 64, factor=float("nan"))
 
 
 # --------------------------------------------------------------- end to end
@@ -443,3 +447,34 @@ def test_experiment_help_and_bad_flags(tmp_path):
                      capture_output=True, text=True, timeout=300)
   assert p.returncode == 2 and "--signals: unknown ['b_simple']" in p.stderr, p.stderr
   assert not list(tmp_path.iterdir())  # nothing written
+
+
+def _experiment_module():
+  """experiments/adaptive_batch.py imported as a module (it is a script)."""
+  path = os.path.join(ROOT, "experiments", "adaptive_batch.py")
+  spec = importlib.util.spec_from_file_location("adaptive_batch_experiment", path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
+def _naive_ratio_interval(num, den, level, n_boot, rng):
+  """Percentile interval of mean(num*) / mean(den*) over independent
+  resamples of each arm (a plain loop)."""
+  r = [np.mean(rng.choice(num, len(num))) / np.mean(rng.choice(den, len(den)))
+       for _ in range(n_boot)]
+  return np.quantile(r, [(1 - level) / 2, (1 + level) / 2])
+
+
+def test_experiment_ratio_interval_is_an_unpaired_percentile_bootstrap():
+  exp = _experiment_module()
+  num, den = [310.0, 270.0, 355.0], [200.0, 260.0, 240.0, 215.0]
+  r, lo, hi = exp.ratio_of_means_interval(num, den, level=0.9, n_boot=20000, seed=3)
+  assert r == pytest.approx(np.mean(num) / np.mean(den))
+  n_lo, n_hi = _naive_ratio_interval(num, den, 0.9, 20000, np.random.default_rng(0))
+  assert lo == pytest.approx(n_lo, rel=0.02) and hi == pytest.approx(n_hi, rel=0.02)
+  assert exp.ratio_of_means_interval(num, den, seed=3) == exp.ratio_of_means_interval(
+      num, den, seed=3)
+  assert exp.ratio_of_means_interval(num, [200.0, None]) == (None, None, None)
+  assert exp.ratio_of_means_interval(num, [0.0, 10.0]) == (None, None, None)
+  assert exp.ratio_of_means_interval([], den) == (None, None, None)

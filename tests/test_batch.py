@@ -1,34 +1,36 @@
-"""Batch-size rules and the steps/samples-to-target law."""
+"""Learning-rate rules, the steps-to-target law and the adaptive controller."""
 
 import numpy as np
 import pytest
 
-from cbs_jax import batch
+from cbs_jax import batch_law
+from cbs_jax import controller
+from cbs_jax import lr_rules
 from cbs_jax import noise_tracker
 
 
 def test_lr_rules_closed_form():
-  assert batch.lr_scale("constant", 1024, 256) == 1.0
-  assert batch.lr_scale("sqrt", 1024, 256) == pytest.approx(2.0)
-  assert batch.lr_scale("linear", 64, 256) == pytest.approx(0.25)
+  assert lr_rules.lr_scale("constant", 1024, 256) == 1.0
+  assert lr_rules.lr_scale("sqrt", 1024, 256) == pytest.approx(2.0)
+  assert lr_rules.lr_scale("linear", 64, 256) == pytest.approx(0.25)
   with pytest.raises(ValueError, match="lr_rule"):
-    batch.lr_scale("cubic", 1, 1)
+    lr_rules.lr_scale("cubic", 1, 1)
   with pytest.raises(ValueError, match="n=0"):
-    batch.lr_scale("sqrt", 0, 1)
-  assert [batch.warmup(s, 4) for s in range(5)] == [0.25, 0.5, 0.75, 1.0, 1.0]
+    lr_rules.lr_scale("sqrt", 0, 1)
+  assert [lr_rules.warmup(s, 4) for s in range(5)] == [0.25, 0.5, 0.75, 1.0, 1.0]
 
 
 def test_steps_to_target_interpolates_the_first_crossing():
   steps = [0, 10, 20, 30]
   vals = [0.40, 0.50, 0.70, 0.60]
   # crosses 0.6 between (10, 0.5) and (20, 0.7): 10 + 0.1 * 10 / 0.2 = 15
-  assert batch.steps_to_target(steps, vals, 0.6) == pytest.approx(15.0)
-  assert batch.steps_to_target(steps, vals, 0.3) == 0.0
-  assert batch.steps_to_target(steps, vals, 0.9) is None
+  assert batch_law.steps_to_target(steps, vals, 0.6) == pytest.approx(15.0)
+  assert batch_law.steps_to_target(steps, vals, 0.3) == 0.0
+  assert batch_law.steps_to_target(steps, vals, 0.9) is None
 
 
 def test_adaptive_controller_buckets_and_holds_on_unresolved_noise():
-  c = batch.AdaptiveBatch(K=16, min_prompts=8, max_prompts=128, factor=1.0, every=5)
+  c = controller.AdaptiveBatch(K=16, min_prompts=8, max_prompts=128, factor=1.0, every=5)
   assert c.buckets == [8, 16, 32, 64, 128]
   assert c.update(0, 5000.0) == 8          # no decision at round 0
   assert c.update(5, 1000.0) == 64         # 1000/16 = 62.5 -> nearest bucket 64
@@ -36,12 +38,23 @@ def test_adaptive_controller_buckets_and_holds_on_unresolved_noise():
   assert c.update(10, float("nan")) == 64  # unresolved: keep
   assert c.update(15, 100000.0) == 128     # clipped to max
   assert c.update(20, 16.0) == 8           # 1 prompt -> min
-  c2 = batch.AdaptiveBatch(K=8, min_prompts=4, max_prompts=64, factor=2.0, every=1)
+  c2 = controller.AdaptiveBatch(K=8, min_prompts=4, max_prompts=64, factor=2.0, every=1)
   assert c2.update(1, 200.0) == 64         # 2*200/8 = 50 -> 64
   with pytest.raises(ValueError, match="min_prompts"):
-    batch.AdaptiveBatch(K=8, min_prompts=16, max_prompts=8)
+    controller.AdaptiveBatch(K=8, min_prompts=16, max_prompts=8)
   with pytest.raises(ValueError, match="hysteresis"):
-    batch.AdaptiveBatch(K=8, min_prompts=4, max_prompts=8, hysteresis=0.5)
+    controller.AdaptiveBatch(K=8, min_prompts=4, max_prompts=8, hysteresis=0.5)
+
+
+def test_buckets_are_min_times_powers_of_two_up_to_max():
+  assert controller.buckets(8, 256) == [8, 16, 32, 64, 128, 256]
+  assert controller.buckets(3, 40) == [3, 6, 12, 24]      # max need not be a bucket
+  assert controller.buckets(5, 5) == [5]
+  assert controller.AdaptiveBatch(16, 2, 8).buckets == [2, 4, 8]
+  with pytest.raises(ValueError, match="min_prompts <= max_prompts, got 16, 8"):
+    controller.buckets(16, 8)
+  with pytest.raises(ValueError, match="got 0, 8"):
+    controller.buckets(0, 8)
 
 
 def _interval(b, lo, hi, resolved=True):
@@ -49,7 +62,7 @@ def _interval(b, lo, hi, resolved=True):
 
 
 def test_adaptive_controller_moves_only_on_resolved_changes():
-  c = batch.AdaptiveBatch(K=16, min_prompts=8, max_prompts=256, every=1, prompts=32)
+  c = controller.AdaptiveBatch(K=16, min_prompts=8, max_prompts=256, every=1, prompts=32)
   # the interval straddles the current bucket's widened range: hold
   assert c.update(1, _interval(32 * 16 * 1.5, 32 * 16 * 0.9, 32 * 16 * 2.5)) == 32
   # an unresolved interval never moves, whatever its point estimate
@@ -64,7 +77,7 @@ def _tracker_run(true_b, rounds, noise_frac, seed, K=16, P=16, every=10, decay=0
   B_noise trajectory; the controller reads its interval."""
   rng = np.random.default_rng(seed)
   ema = noise_tracker.NoiseEMA(decay)
-  ctl = batch.AdaptiveBatch(K=K, min_prompts=4, max_prompts=512, every=every, prompts=P)
+  ctl = controller.AdaptiveBatch(K=K, min_prompts=4, max_prompts=512, every=every, prompts=P)
   chosen = []
   for t in range(rounds):
     g2 = 1.0
@@ -84,12 +97,12 @@ def test_adaptive_state_restore_continues_the_schedule():
   full, _ = _tracker_run(lambda t: 256.0 * 2 ** (t / 40), 200, 0.3, 2)
   # replay: stop at round 100, save both states, restore into new objects
   rng = np.random.default_rng(2)
-  ema, ctl = noise_tracker.NoiseEMA(0.95), batch.AdaptiveBatch(16, 4, 512, every=10, prompts=16)
+  ema, ctl = noise_tracker.NoiseEMA(0.95), controller.AdaptiveBatch(16, 4, 512, every=10, prompts=16)
   chosen = []
   for t in range(200):
     if t == 100:
       e_state, c_state = ema.state_dict(), ctl.state_dict()
-      ema, ctl = noise_tracker.NoiseEMA(0.5), batch.AdaptiveBatch(16, 4, 512, every=10, prompts=4)
+      ema, ctl = noise_tracker.NoiseEMA(0.5), controller.AdaptiveBatch(16, 4, 512, every=10, prompts=4)
       ema.load_state_dict(e_state)
       ctl.load_state_dict(c_state)
     tr = 256.0 * 2 ** (t / 40)

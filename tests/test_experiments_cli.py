@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from cbs_jax import study_runner
-from cbs_jax.batch import SIGNALS
+from cbs_jax.controller import SIGNALS
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -9,7 +9,7 @@ import math
 import numpy as np
 import pytest
 
-from cbs_jax import batch
+from cbs_jax import batch_law
 from cbs_jax import drift
 from cbs_jax import stats
 
@@ -25,7 +25,7 @@ def _sweep(rng, ns=NS, seeds=3, s_min=50.0, b_crit=1000.0, cv=0.1):
 def test_fit_recovers_the_law_exactly_without_noise():
   n = np.repeat(NS, 3).astype(float)
   s = 120.0 * (1 + 700.0 / n)
-  fit = batch.fit_critical_batch(n, s, np.tile([0, 1, 2], len(NS)), n_boot=200)
+  fit = batch_law.fit_critical_batch(n, s, np.tile([0, 1, 2], len(NS)), n_boot=200)
   assert fit["S_min"] == pytest.approx(120.0) and fit["B_crit"] == pytest.approx(700.0)
   assert fit["E_min"] == pytest.approx(120.0 * 700.0) and fit["r2"] == pytest.approx(1.0)
   assert fit["B_crit_lo"] == pytest.approx(700.0) and fit["B_crit_hi"] == pytest.approx(700.0)
@@ -35,7 +35,7 @@ def test_fit_recovers_the_law_exactly_without_noise():
 
 
 def test_fit_recovers_a_known_b_crit_from_noisy_seeds():
-  fit = batch.fit_critical_batch(*_sweep(np.random.default_rng(1)), n_boot=1000, level=0.99)
+  fit = batch_law.fit_critical_batch(*_sweep(np.random.default_rng(1)), n_boot=1000, level=0.99)
   assert fit["B_crit_lo"] < 1000.0 < fit["B_crit_hi"]
   assert abs(math.log(fit["B_crit"] / 1000.0)) < math.log(1.5)
   assert fit["resolved"]
@@ -43,7 +43,7 @@ def test_fit_recovers_a_known_b_crit_from_noisy_seeds():
 
 def test_ninety_percent_interval_covers_the_truth_85_to_95_percent():
   rng = np.random.default_rng(2)
-  hits = [batch.fit_critical_batch(*_sweep(rng), n_boot=400, seed=i)
+  hits = [batch_law.fit_critical_batch(*_sweep(rng), n_boot=400, seed=i)
           for i in range(200)]
   cover = np.mean([f["B_crit_lo"] <= 1000.0 <= f["B_crit_hi"] for f in hits])
   assert 0.85 <= cover <= 0.95, cover
@@ -51,7 +51,7 @@ def test_ninety_percent_interval_covers_the_truth_85_to_95_percent():
 
 def test_sweep_below_the_knee_is_unresolved():
   ns = 2 ** np.arange(3, 8)  # 8 .. 128, all far below B_crit = 1000
-  fit = batch.fit_critical_batch(*_sweep(np.random.default_rng(3), ns=ns), n_boot=500)
+  fit = batch_law.fit_critical_batch(*_sweep(np.random.default_rng(3), ns=ns), n_boot=500)
   assert not fit["resolved"] and fit["verdict"] == "unresolved"
   assert fit["B_crit_hi"] > ns.max()
   assert "swept range" in fit["why"] or "degenerate" in fit["why"]
@@ -62,22 +62,22 @@ def test_censored_batch_sizes_are_left_out_and_listed():
   s = s.astype(object)
   s[n == 64] = None
   s[(n == 128) & (sd == 1)] = None  # one seed never reached the target
-  fit = batch.fit_critical_batch(n, list(s), sd, n_boot=200)
+  fit = batch_law.fit_critical_batch(n, list(s), sd, n_boot=200)
   assert fit["censored"] == [64.0, 128.0] and fit["n_min"] == 256.0
 
 
 def test_fit_shortfalls_are_named():
   with pytest.raises(ValueError, match="distinct batch sizes"):
-    batch.fit_critical_batch([64, 64, 128, 128], [10, 11, 5, 6])
+    batch_law.fit_critical_batch([64, 64, 128, 128], [10, 11, 5, 6])
   with pytest.raises(ValueError, match="N=128 has 2 seed"):
-    batch.fit_critical_batch([64] * 3 + [128] * 2 + [256] * 3, [9, 9, 9, 5, 5, 3, 3, 3],
+    batch_law.fit_critical_batch([64] * 3 + [128] * 2 + [256] * 3, [9, 9, 9, 5, 5, 3, 3, 3],
                              [0, 1, 2, 0, 1, 0, 1, 2])
 
 
 def test_ratio_interval_of_two_fits():
-  a = batch.fit_critical_batch(*_sweep(np.random.default_rng(5), b_crit=4000.0), n_boot=800)
-  b = batch.fit_critical_batch(*_sweep(np.random.default_rng(6), b_crit=500.0), n_boot=800)
-  lo, hi = batch.ratio_interval(a["boot_B_crit"], b["boot_B_crit"])
+  a = batch_law.fit_critical_batch(*_sweep(np.random.default_rng(5), b_crit=4000.0), n_boot=800)
+  b = batch_law.fit_critical_batch(*_sweep(np.random.default_rng(6), b_crit=500.0), n_boot=800)
+  lo, hi = batch_law.bootstrap_ratio_interval(a["boot_B_crit"], b["boot_B_crit"])
   assert lo < 8.0 < hi and hi < 40
 
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from matplotlib.figure import Figure
 
-from cbs_jax import batch, drift, plots
+from cbs_jax import batch_law, drift, plots
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -22,7 +22,7 @@ def _sweep(seed=0):
     for sd in range(3):
       pts.append(dict(N=N, S=40.0 * (1 + 600.0 / N) * (1 + 0.1 * rng.standard_normal()),
                       seed=sd))
-  fit = batch.fit_critical_batch([p["N"] for p in pts], [p["S"] for p in pts],
+  fit = batch_law.fit_critical_batch([p["N"] for p in pts], [p["S"] for p in pts],
                                  [p["seed"] for p in pts], n_boot=400)
   return pts, fit
 

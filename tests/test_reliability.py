@@ -339,8 +339,8 @@ def test_update_that_makes_parameters_non_finite_is_skipped(easy_task, monkeypat
   """A finite loss and gradient can still give a non-finite update (here an
   infinite learning rate, injected through the lr rule): the guard must look
   at the update, or NaN parameters are accepted and checkpointed."""
-  from cbs_jax import batch as batch_lib
-  monkeypatch.setattr(batch_lib, "lr_scale", lambda *a, **k: float("inf"))
+  from cbs_jax import lr_rules
+  monkeypatch.setattr(lr_rules, "lr_scale", lambda *a, **k: float("inf"))
   c = tiny_config(train__num_rounds=6, train__max_consecutive_nonfinite=3)
   wd = str(tmp_path)
   with pytest.raises(train.NonFiniteError) as err:

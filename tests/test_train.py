@@ -183,6 +183,25 @@ def test_validate_checks_ranges_in_process():
     config_lib.validate(c)
 
 
+def test_config_get_path_reads_a_field_and_names_a_missing_one():
+  c = config_lib.base_config()
+  c.batch.num_prompts, c.task.kwargs.ops = 12, "+*"
+  assert config_lib.get_path(c, "batch.num_prompts") == 12
+  assert config_lib.get_path(c, "task.kwargs.ops") == "+*"
+  assert config_lib.get_path(c, "seed") == 0
+  assert config_lib.get_path(c, "rl") is c.rl           # a section is a value too
+  node, leaf = config_lib.parent_and_leaf(c, "task.kwargs.max_digits")
+  assert node is c.task.kwargs and leaf == "max_digits"
+  with pytest.raises(ValueError, match=r"'batch\.num_promts' \('num_promts' is not a field "
+                                       r"of batch;"):
+    config_lib.get_path(c, "batch.num_promts")
+  with pytest.raises(ValueError, match=r"'nope\.lr' \('nope' is not a field of the config "
+                                       r"root;"):
+    config_lib.get_path(c, "nope.lr")
+  with pytest.raises(ValueError, match=r"'seed\.x' \('x' is not a field of seed;"):
+    config_lib.get_path(c, "seed.x")                    # below a leaf
+
+
 def test_measure_tool_pools_batches_at_a_checkpoint(smoke_run):
   from cbs_jax import measure
   wd, _ = smoke_run
@@ -214,7 +233,7 @@ class OddFirstDigit(arithmetic.ArithmeticTask):
 
 
 def test_adaptive_batch_follows_the_tracker_within_buckets(monkeypatch, tmp_path):
-  from cbs_jax import batch as batch_lib
+  from cbs_jax import controller
   from cbs_jax import noise_tracker
   monkeypatch.setitem(tasks.TASKS, "first_digit_one", OddFirstDigit)
   c = tiny_config(train__num_rounds=12, train__eval_every=12, optim__lr=1e-4)
@@ -230,7 +249,7 @@ def test_adaptive_batch_follows_the_tracker_within_buckets(monkeypatch, tmp_path
   sizes = [r["batch_size"] for r in rows]
   # replay an independent tracker + controller on the split estimates the run logged
   ema = noise_tracker.NoiseEMA(0.5)
-  ref = batch_lib.AdaptiveBatch(8, 4, 16, 1.0, 2, prompts=4, hysteresis=1.0)
+  ref = controller.AdaptiveBatch(8, 4, 16, 1.0, 2, prompts=4, hysteresis=1.0)
   expected = []
   for i, r in enumerate(rows):
     P = ref.update(i, ema.interval(0.5))

@@ -1,0 +1,168 @@
+"""The adaptive batch-size controller: prompts per round from a noise signal.
+
+``AdaptiveBatch`` moves the prompts per round over power-of-two
+``buckets`` from the interval of a signal (``SIGNALS``, read by
+``signal_interval`` from the noise trackers), acting only on resolved
+changes. ``buckets`` is also what ``config.validate`` checks the starting
+batch against.
+"""
+from __future__ import annotations
+
+import math
+
+# The controller (``AdaptiveBatch``) reads one of three signals, each a
+# number of rollouts with an interval (``signal_interval``):
+#
+#   b_noise       the split-microbatch tracker's B_noise at the run's K
+#                 (``noise_tracker.NoiseEMA.interval``), raw gradients.
+#   b_noise_adam  the same tracker in Adam's preconditioned metric (the noise
+#                 scale of the update Adam actually takes).
+#   b_crit        the B_crit implied by a fit: b_crit_ratio x the raw tracker.
+#
+# Why b_crit is a calibrated multiple of B_noise and not a running fit: the
+# critical batch size is defined by S(N) = S_min (1 + B_crit / N), steps to
+# a target as a function of N. One run sits at one N at a time and reaches a
+# target once, so a single run cannot fit S(N) -- the fit needs a sweep of
+# runs (``batch_law.fit_critical_batch``). What a run can measure live is
+# B_noise. The b_crit signal therefore carries the ratio B_crit / B_noise
+# measured once by an on-policy study (its fitted B_crit at a target over
+# B_noise measured by ``cbs_jax.measure`` at the same K;
+# ``batch_law.calibration_from_fits``) and applies it to the live tracker.
+# Limits: (1) the ratio is assumed constant over training and across N --
+# B_noise was measured at the SFT base and at the end of one run, and the
+# fit pools runs at every N; (2) it belongs to the study's task, model, K
+# and target and must be re-measured for another (on the arithmetic study it
+# is ~1: B_crit 4,700 vs B_noise 4,860 at expected pass 0.54,
+# configs/adaptive_batch.py); (3) its own uncertainty (bootstrap interval of
+# B_crit, SE of B_noise) is systematic: it does not shrink within a run and
+# says nothing about whether the signal *moved*, so the controller's
+# hysteresis uses the tracker's interval scaled by the point ratio, and the
+# ratio's interval is reported beside the results (the N the controller aims
+# at is uncertain by that factor); (4) it needs that study first -- b_crit
+# is "without a sweep" only for the runs that reuse it.
+
+SIGNALS = ("b_noise", "b_noise_adam", "b_crit")
+
+
+def signal_interval(kind: str, raw: dict, adam: dict | None = None,
+                    b_crit_ratio: float = 0.0) -> dict:
+  """The controller's signal (rollouts) and its interval from the trackers'
+  intervals (``noise_tracker.NoiseEMA.interval``: dicts with b_noise, se, lo, hi,
+  resolved): ``raw`` for b_noise and b_crit (times ``b_crit_ratio``),
+  ``adam`` for b_noise_adam. Returns ``dict(value, se, lo, hi, resolved)``."""
+  if kind not in SIGNALS:
+    raise ValueError(f"adaptive_signal={kind!r} is not one of {list(SIGNALS)}")
+  src, scale = raw, 1.0
+  if kind == "b_noise_adam":
+    if adam is None:
+      raise ValueError("adaptive_signal='b_noise_adam' needs the tracker in Adam's metric")
+    src = adam
+  elif kind == "b_crit":
+    if not (isinstance(b_crit_ratio, (int, float)) and math.isfinite(b_crit_ratio)
+            and b_crit_ratio > 0):
+      raise ValueError(f"adaptive_signal='b_crit' needs adaptive_b_crit_ratio > 0 (B_crit / "
+                       f"B_noise from an on-policy study), got {b_crit_ratio!r}")
+    scale = float(b_crit_ratio)
+  mul = lambda v: v * scale if v is not None and math.isfinite(v) else v
+  return dict(value=mul(float(src["b_noise"])), se=mul(float(src["se"])),
+              lo=mul(float(src["lo"])), hi=mul(float(src["hi"])),
+              resolved=bool(src["resolved"]))
+
+
+def buckets(min_prompts: int, max_prompts: int) -> list[int]:
+  """The adaptive prompts per round: ``min_prompts * 2^j <= max_prompts``
+  (j = 0, 1, ...). ValueError unless 0 < min_prompts <= max_prompts."""
+  if min_prompts <= 0 or max_prompts < min_prompts:
+    raise ValueError(f"need 0 < min_prompts <= max_prompts, got {min_prompts}, {max_prompts}")
+  return [min_prompts * 2 ** j for j in range(64) if min_prompts * 2 ** j <= max_prompts]
+
+
+class AdaptiveBatch:
+  """Noise-driven batch-size controller that acts only on resolved changes.
+
+  Every ``every`` rounds (never at round 0) it reads a signal interval
+  (``signal_interval``: rollouts at the run's K) and maps it to prompts per
+  round, ``target = factor * signal / K``. Buckets are ``min_prompts * 2^j``
+  up to ``max_prompts`` (at most log2(max/min) + 1 shapes ever compile);
+  bucket b stands for targets in (b / sqrt2, b * sqrt2]. Hysteresis: the
+  batch moves only when the WHOLE interval ``factor * [lo, hi] / K`` lies
+  outside the current bucket's range widened by ``hysteresis`` (a factor
+  >= 1), i.e. lo > cur * sqrt2 * h or hi < cur / sqrt2 / h; it then moves
+  to the bucket nearest (in log) to the point estimate, clipped to the
+  bounds. An unresolved signal (|G|^2 not significantly positive) keeps the
+  batch, so does a flat signal whose interval reaches into the current
+  bucket's widened range -- a noisy but flat signal cannot make N
+  oscillate: after a move to the bucket nearest a value v, moving back
+  needs an interval wholly on the other side of v / (sqrt2 h)^(+-1).
+  ``factor`` is the calibration from the signal to the batch one wants (1:
+  N = the signal). The learning rate follows ``optim.lr_rule`` from the
+  chosen rollouts per update (the trainer's job, ``train.update_round``).
+  ``state_dict`` / ``load_state_dict`` carry the choice across a checkpoint
+  restore (with the tracker's own state, a resumed run makes the same
+  choices).
+  """
+
+  def __init__(self, K: int, min_prompts: int, max_prompts: int, factor: float = 1.0,
+               every: int = 10, prompts: int | None = None, hysteresis: float = 1.25):
+    if not (isinstance(K, int) and K >= 1):
+      raise ValueError(f"K={K!r} (rollouts per prompt) must be a positive integer")
+    self.buckets = buckets(min_prompts, max_prompts)  # ValueError naming bad bounds
+    if not (math.isfinite(factor) and factor > 0):
+      raise ValueError(f"factor={factor!r} must be finite and > 0")
+    if not (isinstance(every, int) and every >= 1):
+      raise ValueError(f"every={every!r} (rounds between decisions) must be an integer >= 1")
+    if not hysteresis >= 1.0:
+      raise ValueError(f"hysteresis={hysteresis} must be >= 1")
+    self.K, self.factor, self.every, self.hysteresis = K, factor, every, hysteresis
+    start = self.buckets[0] if prompts is None else prompts
+    if start not in self.buckets:
+      raise ValueError(f"starting prompts={start} is not a bucket {self.buckets} "
+                       f"(min_prompts * 2^j <= max_prompts)")
+    self.prompts = start
+    self.changes = 0
+    self.target = math.nan  # prompts the last signal asked for (before bucketing)
+
+  def _nearest(self, p: float) -> int:
+    """The bucket nearest to ``p`` in log scale (ties go up), within bounds."""
+    if not p > 0:
+      return self.buckets[0]
+    return min(self.buckets, key=lambda b: (abs(math.log(b / p)), -b))
+
+  def decides(self, rnd: int) -> bool:
+    """Whether round ``rnd`` (0-based) is a decision round."""
+    return rnd > 0 and rnd % self.every == 0
+
+  def update(self, rnd: int, signal) -> int:
+    """Prompts for round ``rnd`` (0-based) from the signal's interval
+    ``dict(value, lo, hi, resolved)`` (``b_noise`` is read where ``value`` is
+    absent, so a ``NoiseEMA.interval`` works as is; a bare float counts as
+    an interval of zero width, resolved when finite and positive)."""
+    if isinstance(signal, (int, float)):
+      ok = math.isfinite(signal) and signal > 0
+      signal = dict(value=signal, lo=signal, hi=signal, resolved=ok)
+    value = signal["value"] if "value" in signal else signal["b_noise"]
+    f = self.factor / self.K
+    self.target = f * value if signal["resolved"] else math.nan
+    if not self.decides(rnd) or not signal["resolved"]:
+      return self.prompts
+    cur, h = self.prompts, self.hysteresis * math.sqrt(2.0)
+    if f * signal["lo"] > cur * h or f * signal["hi"] < cur / h:
+      new = self._nearest(f * value)
+      if new != cur:
+        self.prompts, self.changes = new, self.changes + 1
+    return self.prompts
+
+  def state_dict(self) -> dict:
+    return dict(prompts=self.prompts, changes=self.changes, buckets=list(self.buckets))
+
+  def load_state_dict(self, state: dict) -> None:
+    saved = state.get("buckets")
+    if saved is not None and [int(b) for b in saved] != self.buckets:
+      raise ValueError(f"the checkpoint's adaptive buckets {list(saved)} differ from this "
+                       f"config's {self.buckets} (config.batch.adaptive_min_prompts / "
+                       "adaptive_max_prompts changed since the run started)")
+    p = int(state["prompts"])
+    if p not in self.buckets:
+      raise ValueError(f"the checkpoint's adaptive prompts={p} is not a bucket {self.buckets}")
+    self.prompts = p
+    self.changes = int(state.get("changes", 0))
