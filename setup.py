@@ -15,6 +15,7 @@ setuptools.setup(
         "optax>=0.2.4",
         "orbax-checkpoint>=0.11",
         "numpy>=1.26",
+        "scipy>=1.10",  # quantiles, bootstrap intervals (stats.py, noise_tracker.py)
         "ml-collections>=0.1.1",
         "absl-py>=2.0",
         "tqdm>=4.60",
@@ -22,8 +23,9 @@ setuptools.setup(
         "matplotlib>=3.7",
     ],
     extras_require={
-        "test": ["pytest>=7", "pytest-xdist>=3", "hypothesis>=6.80", "scipy>=1.10",
-                 "tokenizers>=0.15", "safetensors>=0.4"],
+        "test": ["pytest>=7", "pytest-xdist>=3", "hypothesis>=6.80",
+                 "tokenizers>=0.15", "safetensors>=0.4",
+                 "pyink==26.5.1"],  # the formatter (pyproject.toml), pinned: same output
         "hf": ["tokenizers>=0.15", "safetensors>=0.4"],
         # logits parity against transformers (tests/test_hf.py); CI installs it
         # (.ci/run: pip install -e ".[test,parity]"). The torch bound keeps pip on

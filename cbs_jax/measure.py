@@ -51,6 +51,7 @@ from cbs_jax import gradstats
 from cbs_jax import noise
 from cbs_jax import noise_stats
 from cbs_jax import rl
+from cbs_jax import run_setup
 from cbs_jax import train
 
 ROUND_OFFSET = 1_000_000  # measurement batches use rounds >= this: disjoint from training
@@ -67,7 +68,7 @@ def load_policy(config, workdir: str, setup, round_: int | None = None,
   graphdef, params, _ = train.sft_base(config, workdir, setup)
   if step is None or step == 0:
     return (graphdef, params, 0) + ((None,) if with_opt_state else ())
-  ckpt.check_model(config.model.to_dict(), step)
+  ckpt.check_model(setup.model.to_dict(), step)
   tx = train.make_optimizer(config.optim)
   like = dict(params=params, opt_state=tx.init(params),
               history=[params] * config.batch.staleness)
@@ -207,7 +208,7 @@ def main(argv):
   if not F["verbosity"].present:
     logging.set_verbosity(logging.WARNING)
   config = F.config
-  setup = train.prepare(config)
+  setup = run_setup.prepare(config)
   graphdef, params, rnd, opt_state = load_policy(config, F.workdir, setup, F.round,
                                                  with_opt_state=True)
   print(f"policy: {F.workdir} round {rnd}")

@@ -23,6 +23,7 @@ from cbs_jax import checkpoint as ckpt_lib
 from cbs_jax import metrics as metrics_lib
 from cbs_jax import model as model_lib
 from cbs_jax import rollouts
+from cbs_jax import run_setup
 from cbs_jax import scoring
 
 
@@ -56,17 +57,18 @@ def make_batch(tok, problems, layout):
   return dict(prompt=prompt, prompt_mask=pmask, completion=comp, completion_mask=cmask)
 
 
-def train_sft(config, workdir: str, task, tok, layout, eval_problems,
-              eval_spec: scoring.SamplingSpec):
-  """Train (or resume, or load when finished) the SFT base in ``workdir``;
-  the held-out pass@1 is sampled from ``eval_spec`` (the RL run's eval sampler).
+def train_sft(config, setup: run_setup.Setup, workdir: str):
+  """Train (or resume, or load when finished) the SFT base of ``setup.model``
+  on ``setup.task`` in ``workdir``; the held-out pass@1 is sampled from
+  ``setup.eval_sampling`` (the RL run's eval sampler) on ``setup.eval_problems``.
 
   Returns ``(graphdef, params, summary)``.
   """
   c = config.sft
-  graphdef, params = model_lib.build(config.model, seed=config.seed)
+  task, tok, layout, model_cfg = setup.task, setup.tok, setup.layout, setup.model
+  graphdef, params = model_lib.build(model_cfg, seed=config.seed)
   ckpt = ckpt_lib.Checkpointer(os.path.join(workdir, "checkpoints"))
-  model_meta = config.model.to_dict()
+  model_meta = model_cfg.to_dict()
   tx = optax.chain(
       optax.clip_by_global_norm(1.0),
       optax.adam(optax.warmup_cosine_decay_schedule(
@@ -88,8 +90,8 @@ def train_sft(config, workdir: str, task, tok, layout, eval_problems,
 
   writer = metrics_lib.MetricsWriter(workdir, resume_round=start, key="step")
   eval_key = jax.random.key(config.train.eval_seed)
-  evaluate = lambda p: rollouts.pass_rate(graphdef, p, task, tok, eval_problems,
-                                          eval_key, layout, eval_spec)
+  evaluate = lambda p: rollouts.pass_rate(graphdef, p, task, tok, setup.eval_problems,
+                                          eval_key, layout, setup.eval_sampling)
   t0 = time.time()
   bar = tqdm.trange(start, c.steps, desc="sft", disable=not config.train.progress,
                     initial=start, total=c.steps, mininterval=1.0)

@@ -20,6 +20,7 @@ import json
 import os
 import tempfile
 
+from cbs_jax import run_setup
 from cbs_jax import study
 from cbs_jax import sweep
 from cbs_jax import train
@@ -77,7 +78,7 @@ def prepare_base(config, root: str) -> None:
   """Build (or find) the sweep's shared SFT base before any run starts, so
   parallel workers never build it twice. ``config.sft.base_dir`` is
   relative to a run's workdir (``root/<run>``), e.g. "../sft_base"."""
-  setup = train.prepare(config)
+  setup = run_setup.prepare(config)
   train.sft_base(config, os.path.join(root, "_base_probe"), setup)
 
 

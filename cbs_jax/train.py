@@ -1,12 +1,17 @@
 """``train_and_evaluate(config, workdir)``: the RL loop wires named steps.
 
-One round of the loop (``_train_rl``) is
+A run is a ``Trainer`` (what stays fixed: config, setup, mesh, model graph,
+SFT base, optimizer, checkpointer, writer, compiled updates) and a
+``run_state.RunState`` (what changes, and what a checkpoint holds: params,
+optimizer state, history, counters, noise trackers, controller, summary
+log). One round of the loop (``_train_rl``) is
 
-    P, signal = choose_prompts(run, rnd)               # fixed, or the adaptive controller
-    batch = round_batch(...)                   # generate, verify, advantages
-    upd = update_round(run, batch, rnd, P)     # every update of the round: ONE jitted call
-    row = round_row(...) | noise_row(...)      # metrics of the round
-    evaluate(run, params), checkpoint(run, r1)
+    P, signal = choose_prompts(config, state, rnd)     # fixed, or the controller decides
+    batch = round_batch(...)                           # generate, verify, advantages
+    rows, extras = update_round(trainer, state, ...)   # every update: ONE jitted call
+    row = round_row(...)                               # metrics of the round (pure)
+    row |= update_trackers(config, state, extras, P)   # the noise trackers take the round
+    evaluate(trainer, state), checkpoint(trainer, state)
 
 ``update_round`` runs all ``num_minibatches x num_epochs`` optimizer updates
 of a round as one jitted function: the prompt permutation of each epoch is
@@ -46,7 +51,6 @@ from cbs_jax import checkpoint as ckpt_lib
 from cbs_jax import config as config_lib
 from cbs_jax import controller as controller_lib
 from cbs_jax import drift
-from cbs_jax import evaluation
 from cbs_jax import gradstats
 from cbs_jax import hf
 from cbs_jax import lr_rules
@@ -59,11 +63,12 @@ from cbs_jax import objective
 from cbs_jax import precision
 from cbs_jax import rl
 from cbs_jax import rollouts
+from cbs_jax import run_setup
+from cbs_jax import run_state
 from cbs_jax import sampling
 from cbs_jax import scoring
 from cbs_jax import sft
 from cbs_jax import sharding
-from cbs_jax import tasks
 
 
 class NonFiniteError(FloatingPointError):
@@ -82,77 +87,20 @@ def make_optimizer(oc, param_dtype: str = "float32") -> optax.GradientTransforma
   return optax.inject_hyperparams(make)(learning_rate=oc.lr)
 
 
-@dataclasses.dataclass
-class Setup:
-  """What a run needs besides its config: task, tokenizer, shapes, the
-  held-out eval set, the distributions rollouts (``sampling``) and
-  evaluations (``eval_sampling``) sample from, the RL settings (``rl``) and
-  (where the task enumerates its answers) its exact expected-pass evaluator."""
-  task: tasks.Task
-  tok: tasks.Tokenizer
-  layout: rollouts.Layout
-  eval_problems: list
-  sampling: scoring.SamplingSpec
-  eval_sampling: scoring.SamplingSpec
-  rl: rl.RLSpec
-  expected: evaluation.ExpectedPass | None = None
-
-
-def prepare(config: ml_collections.ConfigDict) -> Setup:
-  """Validate the config, build the task and the specs (sampling, eval
-  sampling, RL), and fix the model's vocab size."""
-  config_lib.validate(config)
-  task = tasks.make_task(config.task.name, **config.task.kwargs.to_dict())
-  hf_dir = config.get("hf_checkpoint") or ""
-  if hf_dir:  # a Hugging Face checkpoint: its tokenizer, its vocabulary, lengths in tokens
-    vocab = hf.run_model_config(config.model, hf_dir).vocab_size
-    tok = hf.load_tokenizer(hf_dir, vocab)
-    if tok is None:
-      raise ValueError(f"config.hf_checkpoint={hf_dir!r} has no tokenizer.json")
-    lens = task.token_lengths(tok) if hasattr(task, "token_lengths") else (
-        task.max_prompt_len, task.max_completion_len)
-    layout = rollouts.Layout(lens[0] + 1, config.sampling.max_new_tokens or lens[1] + 1)
-  else:
-    tok = tasks.make_tokenizer(task)
-    layout = rollouts.Layout.for_task(task, config.sampling.max_new_tokens)
-    vocab = tok.vocab_size
-  with config.unlocked():
-    config.model.vocab_size = vocab
-  # never PAD/BOS inside a completion -- but EOS, where a checkpoint's pad/bos is its EOS
-  suppress = (tuple(i for i in (tok.pad_id, tok.bos_id) if i != tok.eos_id)
-              if config.sampling.suppress_special else ())
-  spec = scoring.SamplingSpec.from_config(config.sampling, suppress)
-  # pass@1 as sampled at the eval temperature, without top-k / top-p
-  eval_spec = scoring.SamplingSpec(config.train.eval_temperature, suppress_ids=suppress)
-  if layout.total > config.model.max_len:
-    raise ValueError(f"config.model.max_len={config.model.max_len} is shorter than "
-                     f"prompt ({layout.prompt_len}) + completion "
-                     f"({layout.completion_len}) tokens of task {task.name!r}")
-  # held out by construction: the task's eval split, never drawn for SFT or RL
-  eval_problems = task.sample(np.random.default_rng(config.train.eval_seed),
-                              config.train.eval_prompts, split="eval")
-  expected = None
-  if config.train.eval_expected and task.enumerable:
-    expected = evaluation.ExpectedPass(task, tok, eval_problems, layout, eval_spec)
-  return Setup(task, tok, layout, eval_problems, spec, eval_spec,
-               rl.RLSpec.from_config(config.rl), expected)
-
-
-def sft_base(config, workdir: str, setup: Setup):
+def sft_base(config, workdir: str, setup: run_setup.Setup):
   """(graphdef, params, summary) of the SFT base: ``config.sft.base_dir``
   (relative to ``workdir`` unless absolute), trained there if missing."""
   base_dir = config.sft.base_dir
   if not os.path.isabs(base_dir):
     base_dir = os.path.normpath(os.path.join(workdir, base_dir))
-  return sft.train_sft(config, base_dir, setup.task, setup.tok, setup.layout,
-                       setup.eval_problems, setup.eval_sampling)
+  return sft.train_sft(config, setup, base_dir)
 
 
 # teacher-forced scoring of a whole round (PPO values, KL reference), compiled once
 _score = jax.jit(scoring.score, static_argnums=(0, 6))
 
 
-def round_batch(config, graphdef, behaviour, ref_params, setup: Setup, rnd: int,
+def round_batch(config, graphdef, behaviour, ref_params, setup: run_setup.Setup, rnd: int,
                 P: int | None = None, mesh=None, *, seed: int | None = None,
                 with_ref: bool = True):
   """Generate, verify and score one round of P prompts (default
@@ -197,7 +145,7 @@ def round_batch(config, graphdef, behaviour, ref_params, setup: Setup, rnd: int,
   return b, out["rewards"], out
 
 
-def _process_rollout(graphdef, params, setup: Setup, problems, K, key, mesh) -> dict:
+def _process_rollout(graphdef, params, setup: run_setup.Setup, problems, K, key, mesh) -> dict:
   """``rollouts.rollout`` across processes: this process encodes, decodes and
   verifies only the prompts whose K rollouts live on its devices
   (``sharding.process_rows``); generation is one jitted SPMD call over the
@@ -225,7 +173,7 @@ def _process_rollout(graphdef, params, setup: Setup, problems, K, key, mesh) -> 
               rewards=rewards, texts=texts)
 
 
-def probe_batch(config, graphdef, behaviour, setup: Setup, rnd: int, mesh=None):
+def probe_batch(config, graphdef, behaviour, setup: run_setup.Setup, rnd: int, mesh=None):
   """The round's drift probe: ``config.drift.probe_prompts`` prompts x K
   rollouts from the behaviour policy that no update is fitted to (own
   prompts and key stream), with their advantages and the behaviour's full
@@ -397,28 +345,26 @@ class RoundUpdater:
 # ------------------------------------------------------------------------ run
 
 @dataclasses.dataclass
-class Run:
-  """The live state of one RL run (what the loop's steps read and write)."""
+class Trainer:
+  """What stays fixed through an RL run (the state that changes is a
+  ``run_state.RunState``): config and setup, mesh, the model's graph and its
+  frozen SFT base, the optimizer, the checkpoint manager, the metrics writer
+  and the compiled update functions, one set per prompts-per-update bucket."""
   config: Any
   workdir: str
-  setup: Setup
-  ckpt: Any
+  setup: run_setup.Setup
+  ckpt: ckpt_lib.Checkpointer
   mesh: Any
   graphdef: Any
   base_params: Any
   base_summary: dict
-  tx: Any
-  state: dict
-  meta: dict
-  ema: noise_tracker.NoiseEMA
-  ema_adam: noise_tracker.NoiseEMA
-  controller: Any
+  tx: optax.GradientTransformation
   writer: Any
   leaf_groups: list
+  model_config: dict  # the model config that made the arrays (checked on resume)
   updaters: dict = dataclasses.field(default_factory=dict)
 
   def updater(self, P_mb: int) -> RoundUpdater:
-    """One set of compiled update functions per prompts-per-update bucket."""
     if P_mb not in self.updaters:
       self.updaters[P_mb] = RoundUpdater(self.config, self.graphdef, self.tx, P_mb,
                                          self.setup.sampling, self.setup.rl, self.mesh)
@@ -437,13 +383,15 @@ def make_controller(config) -> controller_lib.AdaptiveBatch | None:
       hysteresis=b.adaptive_hysteresis)
 
 
-def start_run(config, workdir: str, setup: Setup) -> Run:
-  """Resume ``workdir``'s run or start it from the SFT base (built if missing)."""
+def start_run(config, workdir: str, setup: run_setup.Setup) -> tuple[Trainer, run_state.RunState]:
+  """The trainer of ``workdir``'s run and its state: resumed from the last
+  checkpoint, or fresh from the SFT base (built if missing)."""
   c = config
   ckpt = ckpt_lib.Checkpointer(os.path.join(workdir, "checkpoints"))
   resume = ckpt.latest_step()
+  model_config = setup.model.to_dict()
   if resume is not None:
-    ckpt.check_model(c.model.to_dict())  # before any compile or write
+    ckpt.check_model(model_config)  # before any compile or write
   mesh = sharding.make_mesh(c.mesh.data, c.mesh.fsdp, c.mesh.tensor)  # before any compile
   rules = sharding.parse_rules(c.mesh.rules)
   if c.get("hf_checkpoint"):  # no SFT: the checkpoint is the base, read into its shardings
@@ -459,26 +407,21 @@ def start_run(config, workdir: str, setup: Setup) -> Run:
   tx = make_optimizer(c.optim, c.model.param_dtype)
   copy = lambda t: jax.tree.map(jnp.copy, t)  # updates donate their params
   opt_state = sharding.shard_state(tx.init(base_params), base_params, param_sh, mesh)
-  state = dict(params=copy(base_params), opt_state=opt_state,
-               history=[copy(base_params) for _ in range(c.batch.staleness)])
-  ema = noise_tracker.NoiseEMA(c.noise.ema_decay)
-  ema_adam = noise_tracker.NoiseEMA(c.noise.ema_decay)  # the same in Adam's metric
-  meta = dict(round=0, step=0, rollouts_seen=0, consecutive_nonfinite=0,
-              skipped_updates=0, base_pass_rate=None, seconds=0.0)
+  state = run_state.RunState(
+      params=copy(base_params), opt_state=opt_state,
+      history=[copy(base_params) for _ in range(c.batch.staleness)],
+      counters=run_state.Counters(), noise=noise_tracker.NoiseEMA(c.noise.ema_decay),
+      noise_adam=noise_tracker.NoiseEMA(c.noise.ema_decay), controller=make_controller(c),
+      log=run_state.RunLog())
   if resume is not None:
-    state, meta = ckpt.restore(resume, state)
-    ema.load_state_dict(meta["ema"])
-    if "ema_adam" in meta:
-      ema_adam.load_state_dict(meta["ema_adam"])
-  controller = make_controller(c)
-  if controller is not None and "controller" in meta:
-    controller.load_state_dict(meta["controller"])
+    state = run_state.restore(ckpt, resume, state)
   # metrics are written once, by process 0 (every process computes the same rows)
-  writer = (metrics_lib.MetricsWriter(workdir, resume_round=meta["round"] + 1)
+  writer = (metrics_lib.MetricsWriter(workdir, resume_round=state.counters.round + 1)
             if jax.process_index() == 0 else _NoWriter())
   leaf_groups = [gradstats.param_group(p) for p in gradstats.leaf_paths(base_params)]
-  return Run(c, workdir, setup, ckpt, mesh, graphdef, base_params, base_summary, tx,
-             state, meta, ema, ema_adam, controller, writer, leaf_groups)
+  trainer = Trainer(c, workdir, setup, ckpt, mesh, graphdef, base_params, base_summary, tx,
+                    writer, leaf_groups, model_config)
+  return trainer, state
 
 
 class _NoWriter:
@@ -489,24 +432,26 @@ class _NoWriter:
     pass
 
 
-def evaluate(run: Run, params) -> dict:
-  """Held-out eval as metrics fields: the exact expected pass rate
-  (``eval_expected_pass``, by difficulty ``_d<k>``) where the task enumerates
-  its answers, the sampled pass@1 (``eval_pass_rate``), and what each cost."""
-  c, s = run.config, run.setup
+def evaluate(trainer: Trainer, state: run_state.RunState) -> dict:
+  """Held-out eval of ``state.params`` as metrics fields: the exact expected
+  pass rate (``eval_expected_pass``, by difficulty ``_d<k>``) where the task
+  enumerates its answers, the sampled pass@1 (``eval_pass_rate``), and what
+  each cost."""
+  c, s = trainer.config, trainer.setup
+  params = state.params
   if jax.process_count() > 1:  # every process evaluates a local replica, identically
     local = jax.local_devices()[0]
     params = jax.tree.map(lambda x: jax.device_put(sharding.host(x), local), params)
   row = {}
   if s.expected is not None:
     t = time.time()
-    ex = s.expected(run.graphdef, params)
+    ex = s.expected(trainer.graphdef, params)
     row["eval_expected_pass"] = ex["expected_pass"]
     row.update({f"eval_expected_pass_d{d}": v for d, v in ex["by_difficulty"].items()})
     row["eval_expected_seconds"] = time.time() - t
   if c.train.eval_sampled:
     t = time.time()
-    ev = rollouts.pass_rate(run.graphdef, params, s.task, s.tok, s.eval_problems,
+    ev = rollouts.pass_rate(trainer.graphdef, params, s.task, s.tok, s.eval_problems,
                             jax.random.key(c.train.eval_seed), s.layout, s.eval_sampling)
     row["eval_pass_rate"] = ev["pass_rate"]
     row.update({f"eval_pass_rate_d{d}": v for d, v in ev["by_difficulty"].items()})
@@ -519,27 +464,37 @@ def eval_score(row: dict) -> float | None:
   return row.get("eval_expected_pass", row.get("eval_pass_rate"))
 
 
-def choose_prompts(run: Run, rnd: int) -> tuple[int, dict]:
-  """P for round ``rnd`` -- the config's, or the adaptive controller's from
-  the signal's interval (``batch.signal_interval`` of the trackers) -- and
-  the ``adaptive/*`` fields to log: the signal (rollouts) with its SE and
+def record_evaluation(state: run_state.RunState, r1: int, row: dict) -> float | None:
+  """Log an evaluation's fields (``evaluate``) of round ``r1`` in the state;
+  returns its score (None when nothing was evaluated)."""
+  score = eval_score(row)
+  if score is not None:
+    state.log.evaluations.append(run_state.Evaluation(
+        round=r1, rollouts=state.counters.rollouts_seen, score=score,
+        sampled=row.get("eval_pass_rate"), expected="eval_expected_pass" in row))
+  return score
+
+
+def choose_prompts(config, state: run_state.RunState, rnd: int) -> tuple[int, dict]:
+  """P for round ``rnd`` -- the config's, or the adaptive controller's
+  decision (``state.controller`` moves) from the signal's interval
+  (``controller.signal_interval`` of the trackers) -- and the
+  ``adaptive/*`` fields to log: the signal (rollouts) with its SE and
   interval, whether it is resolved, whether this round was a decision
   round, the N the signal asks for (factor x signal, before bucketing), the
   chosen P and N, the changes so far and the learning rate the configured
   rule gives at the chosen rollouts per update (before warmup)."""
-  c = run.config
-  b = c.batch
-  if run.controller is None:
+  b = config.batch
+  ctl = state.controller
+  if ctl is None:
     return b.num_prompts, {}
-  sig = controller_lib.signal_interval(b.adaptive_signal, run.ema.interval(b.adaptive_z),
-                                       run.ema_adam.interval(b.adaptive_z),
+  sig = controller_lib.signal_interval(b.adaptive_signal, state.noise.interval(b.adaptive_z),
+                                       state.noise_adam.interval(b.adaptive_z),
                                        b.adaptive_b_crit_ratio)
-  ctl = run.controller
   P = ctl.update(rnd, sig)
-  run.meta["controller"] = ctl.state_dict()
   K = b.rollouts_per_prompt
-  lr = c.optim.lr * lr_rules.lr_scale(c.optim.lr_rule, P // b.num_minibatches * K,
-                                      c.optim.ref_batch)
+  lr = config.optim.lr * lr_rules.lr_scale(config.optim.lr_rule, P // b.num_minibatches * K,
+                                           config.optim.ref_batch)
   return P, {"adaptive/signal": sig["value"], "adaptive/signal_se": sig["se"],
              "adaptive/signal_lo": sig["lo"], "adaptive/signal_hi": sig["hi"],
              "adaptive/resolved": sig["resolved"], "adaptive/decision": ctl.decides(rnd),
@@ -548,13 +503,15 @@ def choose_prompts(run: Run, rnd: int) -> tuple[int, dict]:
              "adaptive/lr": lr}
 
 
-def update_round(run: Run, batch: dict, rnd: int, P: int, probe=None):
-  """All updates of round ``rnd`` (minibatches x epochs) in one jitted call;
+def update_round(trainer: Trainer, state: run_state.RunState, batch: dict, rnd: int, P: int,
+                 probe=None):
+  """All updates of round ``rnd`` (minibatches x epochs) in one jitted call,
+  applied to ``state`` (params, optimizer state, history, ``counters.step``);
   with a ``probe`` (``probe_batch``), held-out drift before every update.
 
   Returns ``(rows, extras)``: one host dict of metrics per update and the
   noise moments / drift estimates that were due this round."""
-  c, meta = run.config, run.meta
+  c = trainer.config
   K, M, E = c.batch.rollouts_per_prompt, c.batch.num_minibatches, c.batch.num_epochs
   P_mb = P // M
   order_rng = np.random.default_rng([c.seed, 2, rnd])
@@ -565,42 +522,41 @@ def update_round(run: Run, batch: dict, rnd: int, P: int, probe=None):
       p = perm[mbi * P_mb:(mbi + 1) * P_mb]
       idx.append((p[:, None] * K + np.arange(K)[None]).reshape(-1))
   lr_base = c.optim.lr * lr_rules.lr_scale(c.optim.lr_rule, P_mb * K, c.optim.ref_batch)
-  lrs = [lr_base * lr_rules.warmup(meta["step"] + j, c.optim.warmup_steps)
-         for j in range(len(idx))]
+  step = state.counters.step
+  lrs = [lr_base * lr_rules.warmup(step + j, c.optim.warmup_steps) for j in range(len(idx))]
   due = lambda every: bool(every) and rnd % every == 0
   if c.batch.staleness:  # params are about to change: remember this round's start
-    copy = jax.tree.map(jnp.copy, run.state["params"])
-    run.state["history"] = run.state["history"][1:] + [copy]
-  train_state = dict(params=run.state["params"], opt_state=run.state["opt_state"])
-  new_state, metrics, extras = run.updater(P_mb)(
-      train_state, sharding.shard_batch(batch, run.mesh), np.stack(idx), lrs,
+    state.history = state.history[1:] + [jax.tree.map(jnp.copy, state.params)]
+  train_state = dict(params=state.params, opt_state=state.opt_state)
+  new_state, metrics, extras = trainer.updater(P_mb)(
+      train_state, sharding.shard_batch(batch, trainer.mesh), np.stack(idx), lrs,
       c.batch.staleness == 0, split=due(c.noise.split_every),
       exact=due(c.noise.exact_every), drift=due(c.noise.drift_every), probe=probe)
-  run.state.update(new_state)
+  state.params, state.opt_state = new_state["params"], new_state["opt_state"]
   metrics, extras = jax.device_get((metrics, extras))  # one read per round
   rows = [{k: v[j] for k, v in metrics.items()} | {"lr": lrs[j]} for j in range(len(idx))]
-  meta["step"] += len(rows)
+  state.counters.step += len(rows)
   return rows, extras
 
 
-def check_finite(run: Run, rows: list, r1: int) -> None:
+def check_finite(trainer: Trainer, state: run_state.RunState, rows: list, r1: int) -> None:
   """Count skipped (non-finite) updates; raise after too many in a row."""
-  meta, c = run.meta, run.config
+  n = state.counters
   for j, m in enumerate(rows):
     if bool(m["finite"]):
-      meta["consecutive_nonfinite"] = 0
+      n.consecutive_nonfinite = 0
       continue
-    meta["consecutive_nonfinite"] += 1
-    meta["skipped_updates"] += 1
-    if meta["consecutive_nonfinite"] >= c.train.max_consecutive_nonfinite:
-      run.writer.close()
-      step = meta["step"] - len(rows) + j + 1
+    n.consecutive_nonfinite += 1
+    n.skipped_updates += 1
+    if n.consecutive_nonfinite >= trainer.config.train.max_consecutive_nonfinite:
+      trainer.writer.close()
+      step = n.step - len(rows) + j + 1
       raise NonFiniteError(
-          f"{meta['consecutive_nonfinite']} consecutive non-finite updates "
+          f"{n.consecutive_nonfinite} consecutive non-finite updates "
           f"(round {r1}, update {j + 1} of the round, optimizer step {step}: "
           f"loss={m['loss']}, grad_norm={m['grad_norm']}, update_norm={m['update_norm']}); "
           f"parameters were not changed by them; last checkpoint: round "
-          f"{run.ckpt.latest_step()}")
+          f"{trainer.ckpt.latest_step()}")
 
 
 def _mean(rows, key):
@@ -617,23 +573,54 @@ def noise_row(prefix: str, s: noise_stats.NoiseStats) -> dict:
   return row
 
 
-def round_row(run: Run, r1: int, P: int, rewards, gen, rows: list, extras: dict,
-              t_gen: float, t_upd: float) -> dict:
-  """The metrics row of round ``r1`` (1-based): batch, rewards, updates,
-  drift and the noise statistics that were due."""
-  c, meta = run.config, run.meta
-  K = c.batch.rollouts_per_prompt
-  P_mb = P // c.batch.num_minibatches
+def update_trackers(config, state: run_state.RunState, extras: dict, P: int) -> dict:
+  """Feed the round's split-estimator moments (when due) to the noise
+  trackers in ``state`` -- raw gradients, and Adam's metric once Adam has
+  taken a step -- and log the split estimate in ``state.log``. Returns the
+  metrics fields of the round's estimates, the trackers' values and their
+  intervals (``NoiseEMA.interval``: what the controller reads next round);
+  empty when no split estimate was due."""
+  if "split" not in extras:
+    return {}
+  K = config.batch.rollouts_per_prompt
+  P_mb = P // config.batch.num_minibatches
+  est = noise.split_estimates(gradstats.sum_leaves(extras["split"]))
+  split = noise_stats.noise_stats(est, P_mb, K)
+  state.log.add_split(split.trace_intra, split.trace_inter, split.g2)
+  row = noise_row("noise_split", split)
+  row.update(noise_row("noise_ema", state.noise.update(est, P_mb, K)))
+  U = config.batch.num_minibatches * config.batch.num_epochs
+  if extras.get("split_adam") is not None and state.counters.step > U:
+    # (Adam's metric exists only after its first step)
+    est = noise.split_estimates(gradstats.sum_leaves(extras["split_adam"]))
+    row.update(noise_row("noise_split_adam", noise_stats.noise_stats(est, P_mb, K)))
+    row.update(noise_row("noise_ema_adam", state.noise_adam.update(est, P_mb, K)))
+  for name, ema in (("noise_ema", state.noise), ("noise_ema_adam", state.noise_adam)):
+    if ema.count:
+      iv = ema.interval(config.batch.adaptive_z)
+      row.update({f"{name}/b_noise_se": iv["se"], f"{name}/b_noise_lo": iv["lo"],
+                  f"{name}/b_noise_hi": iv["hi"]})
+  return row
+
+
+def round_row(config, counters: run_state.Counters, r1: int, P: int, rewards, gen,
+              rows: list, extras: dict, leaf_groups: list, t_gen: float,
+              t_upd: float) -> dict:
+  """The metrics row of round ``r1`` (1-based) -- batch, rewards, updates,
+  drift and the exact noise statistics that were due -- a pure function of
+  its inputs (the trackers' fields come from ``update_trackers``)."""
+  K = config.batch.rollouts_per_prompt
+  P_mb = P // config.batch.num_minibatches
   N = P * K
   gen_tokens = float(np.asarray(gen["completion_mask"]).sum())
   row = {"round": r1, "batch_size": N, "rollouts_per_update": P_mb * K,
          "reward_mean": float(rewards.mean()),
          "frac_groups_mixed": float(np.mean(rewards.std(axis=1) > 0)),
          "completion_len": float(np.mean(np.asarray(gen["lengths"]))),
-         "rollouts_seen": meta["rollouts_seen"], "lr": rows[-1]["lr"],
+         "rollouts_seen": counters.rollouts_seen, "lr": rows[-1]["lr"],
          "num_updates": len(rows), "gen_seconds": t_gen, "update_seconds": t_upd,
          "tokens_per_s": gen_tokens / max(t_gen, 1e-9),
-         "skipped_updates": meta["skipped_updates"]}
+         "skipped_updates": counters.skipped_updates}
   for k in ("loss", "grad_norm", "entropy", "sampler_logp_gap", "grad_clipped") + \
       drift.DRIFT_KEYS:
     row[k] = _mean(rows, k)
@@ -645,25 +632,11 @@ def round_row(run: Run, r1: int, P: int, rewards, gen, rows: list, extras: dict,
         k for k in held if k[len("heldout_"):] in ("kappa_exact", "kappa_k1", "kappa_k3",
                                                    "clip_frac_low", "clip_frac_high", "ess")):
       row[f"{k}_by_update"] = [float(u[k]) for u in rows]
-  if "split" in extras:
-    est = noise.split_estimates(gradstats.sum_leaves(extras["split"]))
-    row.update(noise_row("noise_split", noise_stats.noise_stats(est, P_mb, K)))
-    row.update(noise_row("noise_ema", run.ema.update(est, P_mb, K)))
-    if extras.get("split_adam") is not None and run.meta["step"] > len(rows):
-      # (Adam's metric exists only after its first step)
-      est = noise.split_estimates(gradstats.sum_leaves(extras["split_adam"]))
-      row.update(noise_row("noise_split_adam", noise_stats.noise_stats(est, P_mb, K)))
-      row.update(noise_row("noise_ema_adam", run.ema_adam.update(est, P_mb, K)))
-    for name, ema in (("noise_ema", run.ema), ("noise_ema_adam", run.ema_adam)):
-      if ema.count:  # the tracker's interval (NoiseEMA.interval), what the controller reads
-        iv = ema.interval(c.batch.adaptive_z)
-        row.update({f"{name}/b_noise_se": iv["se"], f"{name}/b_noise_lo": iv["lo"],
-                    f"{name}/b_noise_hi": iv["hi"]})
   if "exact" in extras:
     mom = extras["exact"]
     row.update(noise_row("noise_exact", noise_stats.noise_stats(
         noise.exact_estimates(gradstats.sum_leaves(mom)), P_mb, K)))
-    for g, gm in gradstats.sum_leaves(mom, run.leaf_groups).items():
+    for g, gm in gradstats.sum_leaves(mom, leaf_groups).items():
       est = noise.exact_estimates(gm)
       for k in ("trace_intra", "trace_inter", "g2"):
         row[f"noise_exact/{k}/{g}"] = float(est[k])
@@ -673,20 +646,18 @@ def round_row(run: Run, r1: int, P: int, rewards, gen, rows: list, extras: dict,
   return row
 
 
-def log_row(run: Run, row: dict, bar) -> None:
-  run.writer.write(row)
+def log_row(trainer: Trainer, row: dict, bar) -> None:
+  trainer.writer.write(row)
   ev = eval_score(row)
   bar.set_postfix(reward=f"{row['reward_mean']:.3f}", pass_rate="-" if ev is None
                   else f"{ev:.3f}")
-  if not run.config.train.progress:
+  if not trainer.config.train.progress:
     keys = ("round", "reward_mean", "loss", "entropy", "eval_pass_rate", "eval_expected_pass")
     print(json.dumps({k: row[k] for k in keys if k in row}), flush=True)
 
 
-def checkpoint(run: Run, r1: int) -> None:
-  run.meta.update(round=r1, ema=run.ema.state_dict(), ema_adam=run.ema_adam.state_dict(),
-                  model=run.config.model.to_dict())
-  run.ckpt.save(r1, run.state, run.meta)
+def checkpoint(trainer: Trainer, state: run_state.RunState) -> None:
+  run_state.save(trainer.ckpt, state, trainer.model_config)
 
 
 # ----------------------------------------------------------------------- loop
@@ -697,11 +668,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   if config.distributed.enabled:  # before anything touches a device
     config_lib.validate(config)
     sharding.initialize_distributed(config.distributed)
-  setup = prepare(config)
+  setup = run_setup.prepare(config)
   os.makedirs(workdir, exist_ok=True)
   if config.mode == "sft":
-    _, _, summary = sft.train_sft(config, workdir, setup.task, setup.tok,
-                                  setup.layout, setup.eval_problems, setup.eval_sampling)
+    _, _, summary = sft.train_sft(config, setup, workdir)
     _write_summary(workdir, summary)
     return summary
   return _train_rl(config, workdir, setup)
@@ -709,49 +679,55 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
 
 def _train_rl(c, workdir, setup):
   t_start = time.time()
-  run = start_run(c, workdir, setup)
-  meta = run.meta
-  if meta["base_pass_rate"] is None:
-    ev = evaluate(run, run.state["params"])
-    meta["base_pass_rate"] = eval_score(ev)
-    run.writer.write({"round": 0, "rollouts_seen": 0} | ev)
-  stopped = meta.get("stopped_at_target") or meta.get("stopped_collapsed")
-  end = meta["round"] if stopped else c.train.num_rounds
-  bar = tqdm.tqdm(range(meta["round"], end), initial=meta["round"], desc="rl",
+  trainer, state = start_run(c, workdir, setup)
+  n = state.counters
+  if n.base_pass_rate is None:
+    ev = evaluate(trainer, state)
+    n.base_pass_rate = record_evaluation(state, 0, ev)
+    trainer.writer.write({"round": 0, "rollouts_seen": 0} | ev)
+  end = n.round if n.stopped else c.train.num_rounds
+  bar = tqdm.tqdm(range(n.round, end), initial=n.round, desc="rl",
                   total=c.train.num_rounds, disable=not c.train.progress, mininterval=1.0)
   for rnd in bar:
     r1, t0 = rnd + 1, time.time()
-    P, signal = choose_prompts(run, rnd)
-    behaviour = run.state["history"][0] if c.batch.staleness else run.state["params"]
-    batch, rewards, gen = round_batch(c, run.graphdef, behaviour, run.base_params, setup,
-                                      rnd, P, run.mesh)
-    probe = probe_batch(c, run.graphdef, behaviour, setup, rnd, run.mesh)
+    P, signal = choose_prompts(c, state, rnd)
+    behaviour = state.history[0] if c.batch.staleness else state.params
+    batch, rewards, gen = round_batch(c, trainer.graphdef, behaviour, trainer.base_params,
+                                      setup, rnd, P, trainer.mesh)
+    probe = probe_batch(c, trainer.graphdef, behaviour, setup, rnd, trainer.mesh)
     t_gen = time.time() - t0
-    rows, extras = update_round(run, batch, rnd, P, probe)
-    check_finite(run, rows, r1)
-    meta["rollouts_seen"] += P * c.batch.rollouts_per_prompt
-    row = round_row(run, r1, P, rewards, gen, rows, extras, t_gen, time.time() - t0 - t_gen)
+    rows, extras = update_round(trainer, state, batch, rnd, P, probe)
+    check_finite(trainer, state, rows, r1)
+    n.rollouts_seen += P * c.batch.rollouts_per_prompt
+    t_upd = time.time() - t0 - t_gen
+    row = round_row(c, n, r1, P, rewards, gen, rows, extras, trainer.leaf_groups, t_gen, t_upd)
+    row.update(update_trackers(c, state, extras, P))
     row.update(signal)
+    state.log.gen_seconds += t_gen
+    state.log.update_seconds += t_upd
+    score = None
     if (c.train.eval_every and r1 % c.train.eval_every == 0) or r1 == c.train.num_rounds:
-      row.update(evaluate(run, run.state["params"]))
-    meta["seconds"] += time.time() - t0
-    log_row(run, row, bar)
-    score = eval_score(row)
+      ev = evaluate(trainer, state)
+      row.update(ev)
+      score = record_evaluation(state, r1, ev)
+    n.seconds += time.time() - t0
+    log_row(trainer, row, bar)
+    n.round = r1
     reached = bool(c.train.stop_at_pass_rate) and score is not None and \
         score >= c.train.stop_at_pass_rate
     collapsed = bool(c.train.stop_below_pass_rate) and score is not None and \
         score < c.train.stop_below_pass_rate
-    if reached or collapsed:
-      meta["stopped_at_target" if reached else "stopped_collapsed"] = True
+    n.stopped_at_target |= reached
+    n.stopped_collapsed |= collapsed
     if (c.train.checkpoint_every and r1 % c.train.checkpoint_every == 0) or \
         r1 == c.train.num_rounds or reached or collapsed:
-      checkpoint(run, r1)
+      checkpoint(trainer, state)
     if reached or collapsed:
       break
   bar.close()
-  run.writer.close()
-  run.ckpt.close()
-  summary = _summarise(c, workdir, meta, run.base_summary, time.time() - t_start)
+  trainer.writer.close()
+  trainer.ckpt.close()
+  summary = summarise(c, state, trainer.base_summary, time.time() - t_start)
   _write_summary(workdir, summary)
   return summary
 
@@ -765,35 +741,28 @@ def _write_summary(workdir, summary):
   os.replace(path + ".tmp", path)
 
 
-def run_has_expected(rows) -> bool:
-  return any("eval_expected_pass" in r for r in rows)
-
-
-def _summarise(c, workdir, meta, base_summary, wall):
-  rows = metrics_lib.read_jsonl(os.path.join(workdir, "metrics.jsonl"))
-  evals = [(r["round"], eval_score(r)) for r in rows if eval_score(r) is not None]
-  sampled = [r["eval_pass_rate"] for r in rows if "eval_pass_rate" in r]
+def summarise(c, state: run_state.RunState, base_summary: dict, wall: float) -> dict:
+  """The end-of-run summary, from the run's state alone."""
+  n, log = state.counters, state.log
+  evals = log.evaluations
+  sampled = [e.sampled for e in evals if e.sampled is not None]
   summary = dict(
-      base_pass_rate=meta["base_pass_rate"],
-      final_pass_rate=evals[-1][1] if evals else None,
+      base_pass_rate=n.base_pass_rate,
+      final_pass_rate=evals[-1].score if evals else None,
       final_sampled_pass_rate=sampled[-1] if sampled else None,
-      pass_rate_metric="eval_expected_pass" if run_has_expected(rows) else "eval_pass_rate",
-      rounds=meta["round"], rollouts_seen=meta["rollouts_seen"],
-      optimizer_steps=meta["step"], skipped_updates=meta["skipped_updates"],
-      stopped_at_target=meta.get("stopped_at_target", False),
-      stopped_collapsed=meta.get("stopped_collapsed", False),
-      wall_seconds_this_call=wall,
-      gen_seconds=float(sum(r.get("gen_seconds", 0) for r in rows)),
-      update_seconds=float(sum(r.get("update_seconds", 0) for r in rows)),
-      sft=base_summary)
+      pass_rate_metric=("eval_expected_pass" if any(e.expected for e in evals)
+                        else "eval_pass_rate"),
+      rounds=n.round, rollouts_seen=n.rollouts_seen,
+      optimizer_steps=n.step, skipped_updates=n.skipped_updates,
+      stopped_at_target=n.stopped_at_target, stopped_collapsed=n.stopped_collapsed,
+      wall_seconds_this_call=wall, gen_seconds=log.gen_seconds,
+      update_seconds=log.update_seconds, sft=base_summary)
   # Noise: pool the per-round split estimates of the last half of training
   # (parameters drift across rounds, so this is a summary, not a fixed-point
   # measurement: for that use `python -m cbs_jax.measure`).
   K = c.batch.rollouts_per_prompt
   P_mb = c.batch.num_prompts // c.batch.num_minibatches
-  est = [dict(trace_intra=r["noise_split/trace_intra"], trace_inter=r["noise_split/trace_inter"],
-              g2=r["noise_split/g2"]) for r in rows if r.get("noise_split/g2") is not None]
-  est = est[len(est) // 2:]
+  est = log.split[len(log.split) // 2:]
   if len(est) >= 2:
     s = noise_stats.pooled_estimates(est, P_mb, K)
     summary["noise"] = dict(

@@ -121,6 +121,7 @@ logging.set_verbosity(logging.WARNING)
 
 from cbs_jax import batch_law, lr_rules
 from cbs_jax import measure, metrics, plan, plots, sweep, train
+from cbs_jax import run_setup
 from configs import default
 
 try:
@@ -252,7 +253,7 @@ print(f"round {last['round']}: tracker B_noise = {fmt(last.get('noise_ema/b_nois
 # rollouts exchangeable, not independent: the split holds at the measured K.
 
 # %%
-setup = train.prepare(config)
+setup = run_setup.prepare(config)
 measured = {}
 t0 = time.time()
 for label, rnd in (("SFT base", 0), (f"after {S['rounds']} rounds", None)):
@@ -372,7 +373,7 @@ show(plots.pareto(points, fit), "pareto")
 
 # %%
 prompt_len, completion_len, _ = plan.task_lengths(config)
-recommend = lambda src: plan.recommend(src, ACCELERATOR, CHIPS, config.model, prompt_len,
+recommend = lambda src: plan.recommend(src, ACCELERATOR, CHIPS, setup.model, prompt_len,
                                        completion_len, optim=config.optim)
 rec = None
 if fit is not None:

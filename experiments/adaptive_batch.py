@@ -154,13 +154,12 @@ def run_on_grid(config, workdir, grid: int):
   pickle it."""
   evaluate = train.evaluate
 
-  def on_grid(run, params):
-    seen = int(run.meta["rollouts_seen"])
-    k = seen // grid
-    if seen and k <= run.meta.get("eval_grid_k", 0):
+  def on_grid(trainer, state):
+    seen = state.counters.rollouts_seen
+    done = state.log.evaluations  # the last evaluation's multiple of the grid
+    if seen and done and seen // grid <= done[-1].rollouts // grid:
       return {}
-    run.meta["eval_grid_k"] = k
-    return evaluate(run, params)
+    return evaluate(trainer, state)
 
   train.evaluate = on_grid
   try:

@@ -38,6 +38,7 @@ from absl import logging
 
 from cbs_jax import measure
 from cbs_jax import report
+from cbs_jax import run_setup
 from cbs_jax import stats
 from cbs_jax import study
 from cbs_jax import study_report
@@ -125,7 +126,7 @@ def main(argv=None):
 
   noise_rows = []
   if args.noise_batches:
-    setup = train.prepare(c)
+    setup = run_setup.prepare(c)
     ref = min(recs, key=lambda r: (abs(r["N"] - 256), r["seed"]))
     P = 4 if args.quick else 64
     K = c.batch.rollouts_per_prompt

@@ -75,6 +75,7 @@ from cbs_jax import gradstats
 from cbs_jax import model as model_lib
 from cbs_jax import noise
 from cbs_jax import objective
+from cbs_jax import run_setup
 from cbs_jax import sft
 from cbs_jax import train
 from configs import default as default_cfg
@@ -82,15 +83,13 @@ from configs import default as default_cfg
 
 def load_params(config, setup, base_dir):
   if not base_dir:
-    graphdef, params = model_lib.build(config.model, seed=config.seed)
+    graphdef, params = model_lib.build(setup.model, seed=config.seed)
     return graphdef, params, f"fresh init (model.build, seed {config.seed})"
   ck = os.path.join(base_dir, "checkpoints")
   if not os.path.isdir(ck) or not os.listdir(ck):
     raise SystemExit(f"--base_dir={base_dir!r} holds no SFT checkpoint ({ck})")
   # a finished SFT checkpoint is loaded, not retrained (sft.train_sft returns early)
-  graphdef, params, summary = sft.train_sft(config, base_dir, setup.task, setup.tok,
-                                            setup.layout, setup.eval_problems,
-                                            setup.eval_sampling)
+  graphdef, params, summary = sft.train_sft(config, setup, base_dir)
   return graphdef, params, (f"SFT base {base_dir} (step {summary.get('sft_steps')}, "
                             f"pass@1 {summary.get('base_pass_rate')})")
 
@@ -208,7 +207,7 @@ def main():
     config.batch.num_prompts, config.batch.rollouts_per_prompt = 4, 4
     config.noise.chunk_prompts = 2
   args.loop_repeats = args.loop_repeats or args.repeats
-  setup = train.prepare(config)  # validates, fixes vocab
+  setup = run_setup.prepare(config)  # validates, fixes vocab
   P, K = config.batch.num_prompts, config.batch.rollouts_per_prompt
   N = P * K
   C0 = config.noise.chunk_prompts

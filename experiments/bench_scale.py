@@ -47,6 +47,7 @@ import numpy as np
 from cbs_jax import model as model_lib
 from cbs_jax import objective
 from cbs_jax import rl
+from cbs_jax import run_setup
 from cbs_jax import scoring
 from cbs_jax import systems
 from cbs_jax import train
@@ -66,7 +67,9 @@ def case_config(name: str, dtype: str, quick: bool):
   c = default_cfg.get_config()
   over, n, tp, tc = CASES[name]
   if over is None:  # the quickstart's own model, vocabulary from its task
-    spec = train.prepare(c).sampling
+    setup = run_setup.prepare(c)
+    spec = setup.sampling
+    c.model.vocab_size = setup.model.vocab_size
   else:
     spec = scoring.SamplingSpec.from_config(c.sampling)
     for k, v in over.items():

@@ -38,6 +38,7 @@ import numpy as np
 
 from cbs_jax import model as model_lib
 from cbs_jax import probes
+from cbs_jax import run_setup
 from cbs_jax import systems
 from cbs_jax import train
 from configs import default as default_cfg
@@ -45,8 +46,8 @@ from configs import offpolicy as offpolicy_cfg
 
 
 def make_case(c):
-  setup = train.prepare(c)
-  graphdef, params = model_lib.build(c.model, seed=c.seed)
+  setup = run_setup.prepare(c)
+  graphdef, params = model_lib.build(setup.model, seed=c.seed)
   batch, _, _ = train.round_batch(c, graphdef, params, params, setup, 0)
   tx = train.make_optimizer(c.optim)
   P, K = c.batch.num_prompts, c.batch.rollouts_per_prompt
@@ -82,7 +83,7 @@ def make_case(c):
     jax.device_get((m, extras))
     return st
 
-  flops = systems.train_flops(c.model, idx.size, batch["prompt"].shape[1],
+  flops = systems.train_flops(setup.model, idx.size, batch["prompt"].shape[1],
                               batch["completion"].shape[1])
   return dict(host=host_loop, scanned=scanned, state=copy(state), flops=flops,
               updates=len(idx), rollouts=idx.shape[1], params=model_lib.param_count(params))

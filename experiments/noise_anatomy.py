@@ -35,6 +35,7 @@ from cbs_jax import measure
 from cbs_jax import metrics as metrics_lib
 from cbs_jax import plots
 from cbs_jax import report
+from cbs_jax import run_setup
 from cbs_jax import stats
 from cbs_jax import study
 from cbs_jax import study_runner
@@ -101,7 +102,7 @@ def main(argv=None):
   table = []
   for v in variants:
     c, wd = configs[v], workdirs[v]
-    setup = train.prepare(c)
+    setup = run_setup.prepare(c)
     evals = sampled_pass(wd)
     end = ckpt_lib.Checkpointer(os.path.join(wd, "checkpoints")).latest_step()
     ks = {"mixed": KS, "quick": (2, 4)}.get(v, (16,))

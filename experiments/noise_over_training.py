@@ -30,6 +30,7 @@ from cbs_jax import measure
 from cbs_jax import metrics as metrics_lib
 from cbs_jax import plots
 from cbs_jax import report
+from cbs_jax import run_setup
 from cbs_jax import stats
 from cbs_jax import train
 from configs import default
@@ -76,7 +77,7 @@ def main(argv=None):
       train.train_and_evaluate(config, args.workdir)  # resumes an interrupted one
   else:
     config = default.get_config()
-  setup = train.prepare(config)
+  setup = run_setup.prepare(config)
   results = {}
   for label, rnd in (("early", 0), ("late", None)):
     graphdef, params, r, opt = measure.load_policy(config, args.workdir, setup, rnd,

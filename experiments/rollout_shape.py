@@ -30,6 +30,7 @@ from absl import logging
 from cbs_jax import measure
 from cbs_jax import plots
 from cbs_jax import report
+from cbs_jax import run_setup
 from cbs_jax import stats
 from cbs_jax import study
 from cbs_jax import study_report
@@ -77,7 +78,7 @@ def main(argv=None):
 
   noise = {}
   if args.noise_batches:
-    setup = train.prepare(c)
+    setup = run_setup.prepare(c)
     base = os.path.join(args.root, "_base_probe")
     graphdef, params, _ = measure.load_policy(c, base, setup)
     for K in sorted({r["K"] for r in recs}):

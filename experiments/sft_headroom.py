@@ -26,6 +26,7 @@ from absl import logging
 
 from cbs_jax import report
 from cbs_jax import rollouts
+from cbs_jax import run_setup
 from cbs_jax import scoring
 from cbs_jax import train
 from configs import default
@@ -67,7 +68,7 @@ def main(argv=None):
     c = default.get_config("smoke" if args.quick else None)
     c.sft.label_noise = noise
     c.train.progress = False
-    setup = train.prepare(c)
+    setup = run_setup.prepare(c)
     graphdef, params, _ = train.sft_base(c, os.path.join(args.root, name), setup)
     diff = np.array([p.difficulty for p in setup.eval_problems])
     for dec, top_k in (("sampled (T=1)", 0), ("greedy", 1)):

@@ -42,6 +42,7 @@ from absl import logging
 from cbs_jax import plots
 from cbs_jax import probes
 from cbs_jax import report
+from cbs_jax import run_setup
 from cbs_jax import stats
 from cbs_jax import study
 from cbs_jax import study_runner
@@ -67,8 +68,8 @@ def parse_args(argv=None):
 
 def benchmark(c, root, ns, repeats):
   """Median generate / update seconds per round at each N (one process)."""
-  setup = train.prepare(c)
-  run = train.start_run(c, os.path.join(root, "bench"), setup)
+  setup = run_setup.prepare(c)
+  trainer, state = train.start_run(c, os.path.join(root, "bench"), setup)
   K = c.batch.rollouts_per_prompt
   out = []
   for N in ns:
@@ -76,10 +77,10 @@ def benchmark(c, root, ns, repeats):
     tg, tu = [], []
     for i in range(repeats + 1):  # the first round compiles
       t0 = time.perf_counter()
-      batch, _, _ = train.round_batch(c, run.graphdef, run.state["params"], None, setup,
+      batch, _, _ = train.round_batch(c, trainer.graphdef, state.params, None, setup,
                                       10_000 + i, P)
       t1 = time.perf_counter()
-      train.update_round(run, batch, 10_000 + i, P)
+      train.update_round(trainer, state, batch, 10_000 + i, P)
       t2 = time.perf_counter()
       if i:
         tg.append(t1 - t0)
@@ -88,8 +89,8 @@ def benchmark(c, root, ns, repeats):
     out.append(dict(N=N, gen_seconds=g, update_seconds=u, rollouts_per_s=N / (g + u)))
     print(f"N={N}: generate {g:.4f} s, update {u:.4f} s, {N / (g + u):.0f} rollouts/s",
           flush=True)
-  run.writer.close()
-  run.ckpt.close()
+  trainer.writer.close()
+  trainer.ckpt.close()
   return out, setup
 
 
@@ -128,7 +129,7 @@ def main(argv=None):
   acc = probes.calibrate_cpu()
   Tp, Tc = setup.layout.prompt_len, setup.layout.completion_len
   for t in thr:
-    t["roofline_rollouts_per_s"] = systems.rollouts_per_s(bc.model, acc, t["N"], Tp, Tc)
+    t["roofline_rollouts_per_s"] = systems.rollouts_per_s(setup.model, acc, t["N"], Tp, Tc)
     t["vs_roofline"] = t["rollouts_per_s"] / t["roofline_rollouts_per_s"]
   with open(os.path.join(out.dir, "throughput.json"), "w") as f:
     json.dump(dict(N=[t["N"] for t in thr], rollouts_per_s=[t["rollouts_per_s"] for t in thr],

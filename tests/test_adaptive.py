@@ -199,14 +199,14 @@ def simulate(c, raw_b, adam_b, rounds, seed, noise_frac=0.3, g_sd=None):
   +-``noise_frac`` on every component, or Gaussian |G|^2 with SD ``g_sd``."""
   rng = np.random.default_rng(seed)
   K = c.batch.rollouts_per_prompt
-  run = types.SimpleNamespace(config=c, ema=noise_tracker.NoiseEMA(c.noise.ema_decay),
-                              ema_adam=noise_tracker.NoiseEMA(c.noise.ema_decay),
-                              controller=train.make_controller(c), meta={})
+  run = types.SimpleNamespace(noise=noise_tracker.NoiseEMA(c.noise.ema_decay),
+                              noise_adam=noise_tracker.NoiseEMA(c.noise.ema_decay),
+                              controller=train.make_controller(c))
   out = []
   for t in range(rounds):
-    P, fields = train.choose_prompts(run, t)
+    P, fields = train.choose_prompts(c, run, t)
     out.append((P, fields))
-    for ema, b in ((run.ema, raw_b(t)), (run.ema_adam, adam_b(t))):
+    for ema, b in ((run.noise, raw_b(t)), (run.noise_adam, adam_b(t))):
       u = lambda: 1 + noise_frac * rng.uniform(-1, 1)
       g = 1 + g_sd * rng.standard_normal() if g_sd else u()
       # B_noise = (trI + K trB) / G2 = b at the means: a third of it inter-prompt
@@ -300,22 +300,21 @@ def test_logged_fields_follow_the_tracker_and_the_lr_rule():
   rule at the chosen rollouts per update."""
   c = _config("b_crit", noise__ema_decay=0.9, batch__adaptive_every=5)
   rng = np.random.default_rng(0)
-  run = types.SimpleNamespace(config=c, ema=noise_tracker.NoiseEMA(0.9),
-                              ema_adam=noise_tracker.NoiseEMA(0.9),
-                              controller=train.make_controller(c), meta={})
+  run = types.SimpleNamespace(noise=noise_tracker.NoiseEMA(0.9), noise_adam=noise_tracker.NoiseEMA(0.9),
+                              controller=train.make_controller(c))
   T, G = [], []
   for t in range(60):
-    P, f = train.choose_prompts(run, t)
+    P, f = train.choose_prompts(c, run, t)
     if len(T) >= 3:
       w = 0.9 ** np.arange(len(T))[::-1]
       assert f["adaptive/signal"] == pytest.approx(0.25 * np.dot(w, T) / np.dot(w, G))
     assert f["adaptive/prompts"] == P and f["adaptive/batch_size"] == 16 * P
     assert f["adaptive/lr"] == pytest.approx(3e-4 * math.sqrt(16 * P / 256))
     assert f["adaptive/decision"] == (t > 0 and t % 5 == 0)
-    assert run.meta["controller"]["prompts"] == P
+    assert run.controller.prompts == P
     ti, tb, g = 4000 * rng.uniform(0.7, 1.3), 100 * rng.uniform(0.7, 1.3), rng.uniform(0.7, 1.3)
-    run.ema.update(dict(trace_intra=ti, trace_inter=tb, g2=g), P, 16)
-    run.ema_adam.update(dict(trace_intra=1.0, trace_inter=0.0, g2=1.0), P, 16)
+    run.noise.update(dict(trace_intra=ti, trace_inter=tb, g2=g), P, 16)
+    run.noise_adam.update(dict(trace_intra=1.0, trace_inter=0.0, g2=1.0), P, 16)
     T.append(ti + 16 * tb)
     G.append(g)
 
@@ -407,8 +406,8 @@ def test_resumed_adaptive_run_makes_the_same_choices(monkeypatch, tmp_path):
 
   log_row = train.log_row
 
-  def dies_after_round_7(run, row, bar):
-    log_row(run, row, bar)
+  def dies_after_round_7(trainer, row, bar):
+    log_row(trainer, row, bar)
     if row["round"] == 7:
       raise Interrupted
   monkeypatch.setattr(train, "log_row", dies_after_round_7)

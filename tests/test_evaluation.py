@@ -12,6 +12,7 @@ import pytest
 from cbs_jax import config as config_lib
 from cbs_jax import evaluation
 from cbs_jax import rollouts
+from cbs_jax import run_setup
 from cbs_jax import scoring
 from cbs_jax import train
 
@@ -25,7 +26,7 @@ def _policy(tmp_path, task, kwargs, steps):
   c.sft.steps, c.sft.batch_size, c.sft.eval_every, c.sft.lr = steps, 64, 0, 1e-2
   c.sft.label_noise = 0.3
   c.train.eval_prompts, c.train.progress = 48, False
-  setup = train.prepare(c)
+  setup = run_setup.prepare(c)
   graphdef, params, _ = train.sft_base(c, str(tmp_path), setup)
   return c, setup, graphdef, params
 
@@ -72,5 +73,5 @@ def test_task_without_enumerable_answers_is_a_clear_error():
     evaluation.ExpectedPass(task, tok, task.problems[:2], layout, scoring.SamplingSpec())
   # the trainer falls back to the sampled pass rate (documented in config.py)
   c.model.max_len = 1024
-  setup = train.prepare(c)
+  setup = run_setup.prepare(c)
   assert setup.expected is None

@@ -24,6 +24,7 @@ import pytest
 
 from cbs_jax import hf
 from cbs_jax import model as model_lib
+from cbs_jax import run_setup
 from envs import host_devices
 
 PARITY_SKIP = "parity extra not installed: pip install -e .[parity]"
@@ -558,9 +559,9 @@ def test_gsm8k_qwen_smoke_run_from_checkpoint(tiny_qwen, tmp_path):
   from configs import gsm8k_qwen  # pylint: disable=import-outside-toplevel
   c = gsm8k_qwen.get_config("smoke")
   c.hf_checkpoint = tiny_qwen
-  setup = train.prepare(c)
+  setup = run_setup.prepare(c)
   tok = setup.tok
-  assert c.model.vocab_size == 512 and tok.eos_id not in setup.sampling.suppress_ids
+  assert setup.model.vocab_size == 512 and tok.eos_id not in setup.sampling.suppress_ids
   assert setup.layout.prompt_len == setup.task.token_lengths(tok)[0] + 1
   summary = train.train_and_evaluate(c, str(tmp_path))
   assert summary["rounds"] == 2 and summary["sft"] == {"hf_checkpoint": tiny_qwen}
@@ -587,4 +588,4 @@ def test_run_config_disagreeing_with_checkpoint(tiny_qwen, field, value, needle)
   c.hf_checkpoint = tiny_qwen
   c.model[field] = value
   with pytest.raises(ValueError, match=re_escape(needle)):
-    train.prepare(c)
+    run_setup.prepare(c)

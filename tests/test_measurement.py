@@ -14,6 +14,7 @@ from cbs_jax import config as config_lib
 from cbs_jax import gradstats
 from cbs_jax import noise
 from cbs_jax import objective
+from cbs_jax import run_setup
 from cbs_jax import train
 
 
@@ -27,7 +28,7 @@ def policy(tmp_path_factory):
   c.train.eval_prompts, c.train.progress = 32, False
   c.rl.aggregation = "seq_mean_token_sum_norm"  # the measurement normaliser
   c.batch.num_prompts, c.batch.rollouts_per_prompt = 4, 4
-  setup = train.prepare(c)
+  setup = run_setup.prepare(c)
   graphdef, params, _ = train.sft_base(c, str(tmp_path_factory.mktemp("sft")), setup)
   return c, setup, graphdef, params
 

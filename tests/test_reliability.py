@@ -29,6 +29,7 @@ from cbs_jax import checkpoint as ckpt_lib
 from cbs_jax import config as config_lib
 from cbs_jax import metrics as metrics_lib
 from cbs_jax import model as model_lib
+from cbs_jax import run_setup
 from cbs_jax import sft as sft_lib
 from cbs_jax import sweep
 from cbs_jax import tasks
@@ -515,11 +516,11 @@ def test_prepare_names_task_fields(tmp_path):
   c = config_lib.base_config()
   c.model.max_len = 8  # shorter than prompt + completion of 3-digit arithmetic
   with pytest.raises(ValueError, match=r"config\.model\.max_len"):
-    train.prepare(c)
+    run_setup.prepare(c)
   c = config_lib.base_config()
   c.task.kwargs.max_digits = 0
   with pytest.raises(ValueError, match="max_digits"):
-    train.prepare(c)
+    run_setup.prepare(c)
 
 
 @pytest.mark.parametrize("field,value", [

@@ -9,6 +9,7 @@ import pytest
 
 from cbs_jax import config as config_lib
 from cbs_jax import metrics as metrics_lib
+from cbs_jax import run_setup
 from cbs_jax import tasks
 from cbs_jax import train
 from cbs_jax.tasks import arithmetic
@@ -206,7 +207,7 @@ def test_measure_tool_pools_batches_at_a_checkpoint(smoke_run):
   from cbs_jax import measure
   wd, _ = smoke_run
   config = __import__("configs.default", fromlist=["x"]).get_config("smoke")
-  setup = train.prepare(config)
+  setup = run_setup.prepare(config)
   graphdef, params, rnd = measure.load_policy(config, wd, setup)
   assert rnd == json.load(open(os.path.join(wd, "summary.json")))["rounds"]  # the latest
   res = measure.measure(config, graphdef, params, setup, P=4, K=4, M=3,
@@ -294,3 +295,15 @@ def test_exact_noise_by_ghost_matches_vmap_in_the_trainer(easy_task, tmp_path):
         assert b[k] is None, k
         continue
       np.testing.assert_allclose(b[k], a[k], rtol=2e-3, atol=1e-6, err_msg=k)
+
+
+def test_prepare_derives_the_model_config_and_leaves_the_config_as_it_was():
+  c = config_lib.base_config()
+  before = c.to_dict()
+  setup = run_setup.prepare(c)
+  assert c.to_dict() == before  # nothing is written back into the config
+  assert setup.model.vocab_size == setup.tok.vocab_size != c.model.vocab_size
+  assert {k: v for k, v in setup.model.items() if k != "vocab_size"} == \
+      {k: v for k, v in c.model.items() if k != "vocab_size"}
+  with pytest.raises(AttributeError):
+    setup.model.not_a_field = 1  # locked
