@@ -6,7 +6,7 @@ study's settings, with the batch chosen live from the noise tracker.
 Arguments (``get_config(arg)``): the controller's signal
   b_noise        the raw-gradient tracker's B_noise (N = signal, no calibration)
   b_noise_adam   B_noise in Adam's preconditioned metric
-  b_crit         B_CRIT_RATIO x the raw tracker: the B_crit implied by an
+  b_crit         B_crit / B_noise x the raw tracker: the B_crit implied by an
                  on-policy fit (see cbs_jax/controller.py for why a running
                  fit is not possible within one run, and the limits)
   quick, quick_<signal>   a tiny version for the test suite (minutes)
@@ -20,6 +20,7 @@ seven shapes compile). Evaluation runs every round; the experiment keeps
 only the evaluations on the on-policy study's grid (about every 2,048
 rollouts), so adaptive and fixed runs are judged on the same grid.
 """
+import functools
 import json
 import os
 
@@ -39,7 +40,7 @@ MAX_ROUNDS = 3000                     # a cap; runs stop at the highest target
 # B_noise = 4,855 +- 972 (inverse-variance mean of 4,550 +- 1,058 at the SFT
 # base and 6,505 +- 2,462 after 192 rounds), ratio 0.968 [0.61, 1.85].
 # experiments/adaptive_batch.py reads the ratio from its --fits file itself
-# when that fit is resolved; B_CRIT_RATIO is its fallback.
+# when that fit is resolved; this file's ratio is its fallback.
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 B_CRIT_FITS = "experiments/results/batch_law_on_policy/batch_law_on_policy_fits.json"
 B_CRIT_TARGET = batch_law.TARGETS[len(batch_law.TARGETS) // 2]  # the main target, 0.54
@@ -47,6 +48,7 @@ EVAL_GRID = 2048                      # rollouts between the evaluations that co
 QUICK_EVAL_GRID = 32
 
 
+@functools.cache
 def b_crit_calibration(root: str = REPO_ROOT) -> dict:
   """``batch_law.calibration_from_fits`` of the on-policy study's fits
   (``root``/B_CRIT_FITS) at B_CRIT_TARGET; FileNotFoundError naming the
@@ -62,9 +64,6 @@ def b_crit_calibration(root: str = REPO_ROOT) -> dict:
     return batch_law_lib.calibration_from_fits(json.load(f), B_CRIT_TARGET)
 
 
-B_CRIT_RATIO = b_crit_calibration()["ratio"]   # ~0.968
-
-
 def get_config(arg="b_noise"):
   if arg not in VARIANTS:
     raise ValueError(f"unknown adaptive_batch variant {arg!r}; known: {VARIANTS}")
@@ -75,7 +74,7 @@ def get_config(arg="b_noise"):
   c.batch.schedule = "adaptive"
   c.batch.adaptive_signal = signal
   c.batch.adaptive_factor = 1.0           # N = the signal (b_crit: the calibrated B_crit)
-  c.batch.adaptive_b_crit_ratio = B_CRIT_RATIO
+  c.batch.adaptive_b_crit_ratio = b_crit_calibration()["ratio"]  # ~0.968
   c.batch.adaptive_hysteresis = 1.25
   c.batch.adaptive_z = 2.0
   c.train.eval_every = 1                  # the experiment keeps the evals on its grid

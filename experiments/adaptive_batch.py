@@ -236,7 +236,7 @@ def verdict(ratio, lo, hi, threshold, better: str) -> str:
 
 def b_crit_ratio(args, main_t):
   """The b_crit signal's ratio and a sentence saying where it came from."""
-  default = adaptive_batch.B_CRIT_RATIO
+  default = adaptive_batch.b_crit_calibration()["ratio"]
   if args.quick or not os.path.exists(args.fits):
     why = "quick mode" if args.quick else f"{args.fits} not found"
     return default, (f"B_crit / B_noise = {default:.3f}, the committed default in "

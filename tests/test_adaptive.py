@@ -166,9 +166,9 @@ def test_config_ratio_is_the_committed_studys(tmp_path):
   with open(os.path.join(ROOT, adaptive_batch.B_CRIT_FITS)) as f:
     cal = batch_law.calibration_from_fits(json.load(f), 0.54)
   assert cal["resolved"]
-  assert adaptive_batch.B_CRIT_RATIO == cal["ratio"]
+  assert adaptive_batch.b_crit_calibration()["ratio"] == cal["ratio"]
   # the numbers the config held before it read the file: 4,697.549 / 4,854.968
-  assert adaptive_batch.B_CRIT_RATIO == pytest.approx(4697.549 / 4854.968, rel=1e-6)
+  assert adaptive_batch.b_crit_calibration()["ratio"] == pytest.approx(4697.549 / 4854.968, rel=1e-6)
   assert adaptive_batch.get_config("b_crit").batch.adaptive_b_crit_ratio == cal["ratio"]
   with pytest.raises(FileNotFoundError, match="batch_law_on_policy_fits.json"):
     adaptive_batch.b_crit_calibration(str(tmp_path))
