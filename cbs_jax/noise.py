@@ -12,7 +12,7 @@ g2)`` (:data:`ESTIMATE_KEYS`) or, from the two-batch path,
 with jackknife SEs) are ``noise_stats``; the live EMA tracker with its
 interval is ``noise_tracker``.
 
-Notation (DESIGN.md)
+Notation (docs/noise.md)
 --------------------
 A batch is a grid of P prompts x K rollouts, N = P K. ``g_{p,k}`` is the
 per-rollout gradient, scaled so that the batch gradient is ``mean_{p,k}
@@ -21,7 +21,7 @@ g_{p,k}``. Prompts are drawn i.i.d. from the task distribution;
 
 What the estimators assume, and what holds
 ------------------------------------------
-DESIGN.md writes the decomposition for rollouts that are i.i.d. given the
+docs/noise.md first writes the decomposition for rollouts that are i.i.d. given the
 prompt. With group-normalised advantages (GRPO) the K rollouts of one prompt
 are *exchangeable but not independent*: each rollout's advantage depends on
 its siblings' rewards. Exchangeability is all the variance identities below
@@ -35,7 +35,7 @@ and *define*
     Sigma_intra(K) = E_p[C_p - D_p]
     Sigma_inter(K) = Cov_p(mu_p) + E_p[D_p].
 
-With independent rollouts D_p = 0 and these are exactly DESIGN.md's
+With independent rollouts D_p = 0 and these are exactly docs/noise.md's
 Sigma_intra and Sigma_inter. In general:
 
 * ``E[1/(K-1) sum_k |g_{p,k} - gbar_p|^2 | p] = tr(C_p - D_p)``;
@@ -58,7 +58,7 @@ trB); the partition of a batch into split parts is fixed before the data are
 seen (contiguous blocks of a randomly ordered batch are fine; halves of a
 batch sorted by reward are not); parameters fixed within a batch.
 
-Exact per-rollout path (DESIGN.md "Unbiased estimators")
+Exact per-rollout path (docs/noise.md, "Exact per-rollout estimators")
 --------------------------------------------------------
     s2_p = 1/(K-1) (sum_k |g_{p,k}|^2 - K |gbar_p|^2),   trI = mean_p s2_p
     S2   = 1/(P-1) (sum_p |gbar_p|^2 - P |gbar|^2)
@@ -69,7 +69,7 @@ trB + trI/K; E|gbar|^2 = |G|^2 + tr Cov(gbar_p)/P.
 Split-microbatch path, generalised to m prompt parts x n rollout parts
 ----------------------------------------------------------------------
 Prompts are split into m parts of exactly P/m prompts; each prompt's K
-rollouts into n parts of exactly K/n rollouts (DESIGN.md's case is
+rollouts into n parts of exactly K/n rollouts (docs/noise.md's case is
 m = n = 2: prompt halves of P/2, rollout halves of K/2). ``q_ab`` is the mean
 per-rollout gradient of cell (a, b) (P K/(m n) rollouts), so the training
 gradient is the mean of the m n cells; ``r_a = mean_b q_ab``. Derivation:
@@ -84,7 +84,7 @@ gradient is the mean of the m n cells; ``r_a = mean_b q_ab``. Derivation:
   V_r = 1/(m-1) sum_a |r_a - rbar|^2 has E V_r = (m/P)(trB + trI/K).
 * For a != a', r_a and r_a' are independent with mean G: E r_a.r_a' = |G|^2.
 
-The stored moments are mean *pairwise* quantities, which reduce to DESIGN.md's
+The stored moments are mean *pairwise* quantities, which reduce to docs/noise.md's
 for m = n = 2 (the mean pairwise squared distance is twice the unbiased
 sample variance):
 
@@ -123,7 +123,7 @@ is left to ``noise_stats`` (one batch, or M pooled) and ``noise_tracker``
 Numerics
 --------
 Inputs are upcast to at least float32 (bf16 gradients are fine). The exact
-path subtracts sums of squares (the streaming form in DESIGN.md); its
+path subtracts sums of squares (the streaming form in docs/noise.md); its
 relative rounding error in S2 is about eps |gbar_p|^2/S2, which is small
 unless prompt means agree to many digits. The split path centres before
 squaring and forms ``cross`` from direct dot products.
@@ -245,7 +245,7 @@ def moments_from_grads(g_PxKxD: Any) -> GroupMoments:
 
 
 def exact_estimates(m: GroupMoments) -> dict[str, Array]:
-  """Unbiased trI, trB, G2 from one batch (DESIGN.md, exact path).
+  """Unbiased trI, trB, G2 from one batch (docs/noise.md, "Exact per-rollout estimators").
 
   Returns ``dict(trace_intra, trace_inter, g2)`` of arrays shaped like
   ``m.batch_mean_sqnorm``. Raises ValueError for K=1 or P=1 (at trace time).
@@ -305,7 +305,7 @@ def inter_by_group(m: GroupMoments, prompt_groups, gram) -> dict[str, Array]:
 class SplitMoments:
   """Sufficient statistics of the m x n split-microbatch path of ONE batch.
 
-  For the default m = n = 2 (DESIGN.md):
+  For the default m = n = 2 (docs/noise.md, "Split-microbatch estimator"):
     d_intra = mean_a |q_a1 - q_a2|^2,  d_inter = |r_1 - r_2|^2,
     cross = r_1 . r_2,  r_a = (q_a1 + q_a2)/2.
   In general they are the mean pairwise quantities of the module docstring.
@@ -342,7 +342,7 @@ def split_moments_from_quarters(q_ab: Any, P: int, K: int) -> SplitMoments:
 
   Args:
     q_ab: array or pytree whose every leaf has leading axes ``(m, n)``
-      (``(2, 2)`` for DESIGN.md's quarters): ``q_ab[a, b]`` is the mean
+      (``(2, 2)`` for docs/noise.md's quarters): ``q_ab[a, b]`` is the mean
       per-rollout gradient over prompt part ``a`` (P/m prompts) and rollout
       part ``b`` (K/n rollouts of each of those prompts). Squared norms and
       dot products are summed over leaves, so any leaf layout gives the same

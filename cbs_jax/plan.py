@@ -4,7 +4,7 @@
     python -m cbs_jax.plan --b_crit=2500 --s_min=29 --config=configs/default.py \\
         --accelerator=tpu_v5e --chips=4
 
-The law (DESIGN.md, "Batch-size law"): to reach a fixed target,
+The law (docs/batch_law.md, "The law"): to reach a fixed target,
   S(N) = S_min (1 + B / N)       generation rounds (optimizer steps on-policy)
   E(N) = N S(N) = E_min (1 + N / B),  E_min = S_min B    rollouts generated
 with B = B_crit from a fit of S(N) over a sweep (``--b_crit``, optionally

@@ -2,7 +2,7 @@
 
 Why: time-to-target(N) = S(N) * round_time(N), and a larger batch N pays only
 when its throughput gain exceeds its steps-to-target saving's complement, the
-samples penalty (DESIGN.md, "Systems"). Throughput is measured on the current
+samples penalty (docs/planner.md, "Time to target"). Throughput is measured on the current
 device; this module *predicts* it for others from two numbers per chip: peak
 dense FLOP/s and HBM bandwidth (bytes/s). Every time is
 ``max(FLOPs / peak, bytes / bandwidth)`` — the roofline bound, which no real

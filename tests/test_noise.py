@@ -73,7 +73,7 @@ def test_tests_have_power():
 # Agreement with naive loops.
 # ----------------------------------------------------------------------------
 def naive_exact(g):
-  """DESIGN.md first forms, explicit subtraction, float64 loops."""
+  """docs/noise.md's first forms, explicit subtraction, float64 loops."""
   P, K, _ = g.shape
   gbar_p = [sum(g[p, k] for k in range(K)) / K for p in range(P)]
   s2 = [sum(float(np.dot(g[p, k] - gbar_p[p], g[p, k] - gbar_p[p]))
@@ -103,7 +103,7 @@ def test_exact_matches_naive_loop(P, K):
 
 
 def naive_split(q, P, K):
-  """Pairwise definitions, loops; for m=n=2 these are DESIGN.md's formulas."""
+  """Pairwise definitions, loops; for m=n=2 these are docs/noise.md's split formulas."""
   m, n = q.shape[:2]
   N = P * K
   d_intra = np.mean([np.mean([np.sum((q[a, b] - q[a, c]) ** 2)
