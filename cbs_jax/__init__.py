@@ -1,6 +1,12 @@
 """cbs_jax: the critical batch size of LLM policy optimization.
 
-Import direction (one way): model -> sampling -> tasks -> rl -> objective ->
-noise / drift -> batch -> train -> main.
+Import direction (one way, no cycles; each module imports only lower floors):
+  stats, checkpoint, controller, lr_rules, batch_law
+  model -> scoring -> objective (with rl) -> ghost -> gradstats
+  noise -> noise_stats -> noise_tracker;  drift
+  sampling -> rollouts -> evaluation;  config (validation)
+  run_setup (Setup) -> sft;  run_state (RunState)
+  train -> main, measure, sweep -> study -> study_report, study_runner
+  systems -> probes -> plan;  plots, report
 """
 __version__ = "0.1.0"
