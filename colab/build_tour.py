@@ -4,7 +4,12 @@ so the committed notebook carries outputs that GitHub shows without running it.
     pip install jupytext nbclient ipykernel
     python colab/build_tour.py                      # the Colab size, as committed
     python colab/build_tour.py --size=tiny --out=/tmp/tour.ipynb
+    python colab/build_tour.py --sources_only      # copy the .py's cells, keep outputs
 
+``--sources_only`` needs nothing installed: it replaces the notebook's cell
+sources with the twin's (same cells, same order) and keeps the outputs of
+the last execution, so a code edit that changes no output (a rename, a
+reformat) does not need the notebook to be run again.
 The code lives in colab/cbs_jax_tour.py; this script only pairs and executes
 (`jupytext --sync` pairs without executing). The notebook runs in a fresh
 scratch folder (``--rundir``), so its runs, figures and compilation cache
@@ -14,6 +19,7 @@ the tiny size and checks that the two files hold the same code.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import tempfile
@@ -30,7 +36,11 @@ def main(argv=None):
   ap.add_argument("--size", default="colab", choices=("colab", "tiny"))
   ap.add_argument("--out", default=IPYNB, help="Notebook to write.")
   ap.add_argument("--rundir", default=None, help="Working folder (default: a fresh temp dir).")
+  ap.add_argument("--sources_only", action="store_true",
+                  help="Copy the twin's cell sources into the notebook; keep its outputs.")
   args = ap.parse_args(argv)
+  if args.sources_only:
+    return copy_sources(PY, args.out)
   import jupytext  # noqa: PLC0415  (build-time tools, not dependencies of cbs_jax)
   from nbclient import NotebookClient  # noqa: PLC0415
 
@@ -49,6 +59,47 @@ def main(argv=None):
   if os.path.abspath(args.out) == IPYNB:
     jupytext.write(nb, PY, fmt="py:percent")  # keep the pair's metadata in step
   print("wrote", args.out, file=sys.stderr)
+
+
+def _percent_cells(text: str) -> list[tuple[str, list[str]]]:
+  """(cell_type, source lines) of a jupytext percent-format file."""
+  lines = text.splitlines()
+  if lines and lines[0] == "# ---":  # the YAML header
+    lines = lines[lines.index("# ---", 1) + 1:]
+  cells, kind, buf = [], None, []
+  for line in lines + ["# %%"]:
+    if line.startswith("# %%"):
+      if kind is not None:
+        while buf and not buf[0].strip():
+          buf.pop(0)
+        while buf and not buf[-1].strip():
+          buf.pop()
+        if kind == "markdown":
+          buf = [ln[2:] if ln.startswith("# ") else ln.lstrip("#") for ln in buf]
+        cells.append((kind, buf))
+      kind, buf = ("markdown" if "[markdown]" in line else "code"), []
+    else:
+      buf.append(line)
+  return cells
+
+
+def copy_sources(py: str, ipynb: str) -> None:
+  """Set each notebook cell's source to the twin's; ValueError naming the
+  first cell whose type or position differs (then the notebook must be
+  rebuilt by executing it)."""
+  with open(py) as f:
+    cells = _percent_cells(f.read())
+  with open(ipynb) as f:
+    nb = json.load(f)
+  if [k for k, _ in cells] != [c["cell_type"] for c in nb["cells"]]:
+    raise ValueError(f"{py} and {ipynb} differ in their cells' types or order: rebuild the "
+                     "notebook by executing it (python colab/build_tour.py)")
+  for cell, (_, lines) in zip(nb["cells"], cells):
+    cell["source"] = [ln + "\n" for ln in lines[:-1]] + lines[-1:]
+  with open(ipynb, "w") as f:
+    json.dump(nb, f, indent=1, ensure_ascii=False)
+    f.write("\n")
+  print("copied the cell sources of", py, "into", ipynb, file=sys.stderr)
 
 
 if __name__ == "__main__":
