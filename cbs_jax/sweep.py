@@ -35,6 +35,9 @@ from cbs_jax import config as config_lib
 from cbs_jax import train
 
 RESULTS = "results.jsonl"
+# fields older runs stored that the config no longer has: values derived, not
+# chosen (the sampler's suppressed ids now live in run_setup.Setup.sampling)
+RETIRED = ("sampling.suppress_ids",)
 _UNSAFE = re.compile(r"[^A-Za-z0-9._=+-]")
 _MAX_NAME = 120
 
@@ -162,9 +165,10 @@ def _prepare_run(root, name, config) -> tuple[str, dict, bool]:
       raise ValueError(f"{cfg_path} is unreadable; remove it (or the run) to rerun {name!r}")
     fa, fb, fd = _flatten(have), _flatten(want), _flatten(_as_json(config_lib.base_config()))
     # a field the code gained after this run was stored, left at its default,
-    # does not make the run another run
+    # does not make the run another run; nor does a retired derived field
     diff = [k for k in config_diff(have, want)
-            if not (k not in fa and k in fd and fb.get(k) == fd[k])]
+            if not (k not in fa and k in fd and fb.get(k) == fd[k])
+            and not (k in RETIRED and k not in fb)]
     if diff:
       detail = ", ".join(f"{k}: stored {fa.get(k)!r} vs now {fb.get(k)!r}" for k in diff)
       raise ValueError(

@@ -828,6 +828,29 @@ def test_stored_config_without_a_new_default_field_still_matches(tmp_path):
                     progress=False)
 
 
+def test_stored_config_with_a_retired_derived_field_still_matches(tmp_path):
+  """Runs stored while the trainer wrote its derived sampler ids into the
+  config (``sampling.suppress_ids``) are the same runs now that the ids live
+  in the Setup; any other field the config lacks is still a difference."""
+  base = config_lib.base_config()
+  root = str(tmp_path)
+  wd = os.path.join(root, "base")
+  os.makedirs(wd)
+  stored = json.loads(json.dumps(base.to_dict(), default=str))
+  stored["sampling"]["suppress_ids"] = [0, 1]  # as written by older code
+  with open(os.path.join(wd, "config.json"), "w") as f:
+    json.dump(stored, f)
+  with open(os.path.join(wd, "summary.json"), "w") as f:
+    json.dump({"final_pass_rate": 0.5}, f)
+  rows = sweep.run_sweep(base, [{}], root, progress=False)
+  assert rows[0]["summary"] == {"final_pass_rate": 0.5}  # read back, not rerun
+  stored["sampling"]["not_a_field"] = 1
+  with open(os.path.join(wd, "config.json"), "w") as f:
+    json.dump(stored, f)
+  with pytest.raises(ValueError, match="sampling.not_a_field"):
+    sweep.run_sweep(base, [{}], root, names=["base"], progress=False)
+
+
 def test_run_below_the_floor_stops_and_says_so(tmp_path):
   c = config_lib.base_config()
   c.model.d_model, c.model.d_ff, c.model.num_layers = 32, 64, 1
