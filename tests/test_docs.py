@@ -15,6 +15,8 @@ def _tracked(*patterns):
 def test_every_cited_design_note_and_section_exists():
   cited = 0
   for path in _tracked("*.py", "*.md"):
+    if path == "tests/test_docs.py":
+      continue
     with open(os.path.join(ROOT, path), encoding="utf-8") as f:
       text = f.read()
     assert "DESIGN.md" not in text, f"{path} cites DESIGN.md, which is not in the project"
