@@ -51,14 +51,14 @@ def absl_parse(monkeypatch, module: str, args: list[str]):
   missing required flag)."""
   importlib.import_module(module)  # its imports' own flags are defined once, outside
   defined_before = set(flags.FLAGS)
-  with _stopped(monkeypatch):
-    try:
-      runpy.run_module(module, run_name="__main__", alter_sys=False)
-      raise AssertionError(f"python -m {module} did not call absl.app.run")
-    except _Stop:
-      pass
-  own = set(flags.FLAGS) - defined_before
   try:
+    with _stopped(monkeypatch):
+      try:
+        runpy.run_module(module, run_name="__main__", alter_sys=False)
+        raise AssertionError(f"python -m {module} did not call absl.app.run")
+      except _Stop:
+        pass
+    own = set(flags.FLAGS) - defined_before
     argv = [module, *args]
     monkeypatch.setattr(sys, "argv", argv)  # ml_collections reads overrides from sys.argv
     flags.FLAGS(argv)

@@ -9,7 +9,6 @@ through the real parser, argparse scripts through their own parser); every
 the quickstart in order in a fresh directory at smoke size: the main command
 (``configs/default.py:smoke``), then the planner on its workdir.
 """
-import argparse
 import importlib.util
 import os
 import re
