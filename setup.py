@@ -26,7 +26,11 @@ setuptools.setup(
         "test": ["pytest>=7", "pytest-xdist>=3", "hypothesis>=6.80",
                  "tokenizers>=0.15", "safetensors>=0.4",
                  "pyink==26.5.1"],  # the formatter (pyproject.toml), pinned: same output
-        "hf": ["tokenizers>=0.15", "safetensors>=0.4"],
+        "hf": ["tokenizers>=0.15", "safetensors>=0.4"],  # Hugging Face checkpoints
+        # accelerators (README, "Real models, meshes and pods"): the jax wheels
+        # with their backend; never installed by the tests
+        "cuda": ["jax[cuda12]>=0.6"],  # NVIDIA GPUs (CUDA 12 from pip wheels)
+        "tpu": ["jax[tpu]>=0.6"],  # Cloud TPU VMs (libtpu)
         # logits parity against transformers (tests/test_hf.py); CI installs it
         # (.ci/run: pip install -e ".[test,parity]"). The torch bound keeps pip on
         # a 2.13 release: where the 2.13.0 CPU wheel is on find-links (this machine

@@ -31,6 +31,9 @@ def base_config() -> ConfigDict:
   c = ConfigDict()
   c.mode = "rl"           # "rl": GRPO/PPO from the SFT base; "sft": supervised warm start only
   c.seed = 0              # seeds parameters, prompts, sampling: same seed, same run
+  c.hf_checkpoint = ""    # Hugging Face checkpoint dir (config.json, *.safetensors,
+                          # tokenizer.json) to start RL from instead of an SFT base: its
+                          # tokenizer, its weights; config.model must match it ("" = off)
 
   c.task = ConfigDict()
   c.task.name = "arithmetic"  # arithmetic | countdown | gsm8k

@@ -58,11 +58,11 @@ CHECKPOINT_DIR = "/data/Qwen2.5-0.5B"
 
 def get_config(arg=None):
   c = default.get_config()
+  c.hf_checkpoint = CHECKPOINT_DIR  # Hugging Face checkpoint to start from (see above)
   with c.unlocked():
     c.task.name = "gsm8k"
     # replaces arithmetic's kwargs: GSM8KTask takes the data file only
     c.task.kwargs = ml_collections.ConfigDict({"path": DATA_PATH})
-    c.hf_checkpoint = CHECKPOINT_DIR  # Hugging Face checkpoint to start from (see above)
 
   m = c.model                 # Qwen2.5-0.5B (hf.model_config_from_hf of its config.json)
   m.vocab_size = 151936       # must match config.json (train.prepare checks every field)
