@@ -6,8 +6,6 @@ import importlib.util
 import json
 import math
 import os
-import subprocess
-import sys
 import types
 
 import numpy as np
@@ -24,6 +22,7 @@ from cbs_jax import tasks
 from cbs_jax import train
 from cbs_jax.tasks import arithmetic
 from configs import adaptive_batch
+from tests import experiment_scripts
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SIGNALS = controller.SIGNALS
@@ -393,6 +392,7 @@ def _tiny(base_dir, rounds):
   return c
 
 
+@pytest.mark.slow
 def test_resumed_adaptive_run_makes_the_same_choices(monkeypatch, tmp_path):
   """Uninterrupted vs killed after round 7 (last checkpoint: round 5, after
   the controller moved; round 6 is not a decision round, so only the
@@ -434,17 +434,20 @@ def test_resumed_adaptive_run_makes_the_same_choices(monkeypatch, tmp_path):
 # experiments/adaptive_batch.py --quick runs in tests/test_experiments_cli.py's
 # batch-law chain (every signal, after the quick on-policy sweep it reads back).
 
-def test_experiment_help_and_bad_flags(tmp_path):
-  script = os.path.join(ROOT, "experiments", "adaptive_batch.py")
-  p = subprocess.run([sys.executable, script, "--help"], cwd=tmp_path, capture_output=True,
-                     text=True, timeout=300)
-  assert p.returncode == 0, p.stderr
+def test_experiment_help_and_bad_flags(monkeypatch, capsys, tmp_path):
+  monkeypatch.chdir(tmp_path)  # run from another directory, as from the command line
+  main = experiment_scripts.load("adaptive_batch").main
+  with pytest.raises(SystemExit) as done:
+    main(["--help"])
+  out = capsys.readouterr()
+  assert done.value.code == 0, out.err
   for flag in ("--root", "--on_root", "--out", "--throughput", "--fits", "--signals",
                "--seeds", "--small_n", "--large_n", "--workers", "--quick"):
-    assert flag in p.stdout, flag
-  p = subprocess.run([sys.executable, script, "--signals=b_simple"], cwd=tmp_path,
-                     capture_output=True, text=True, timeout=300)
-  assert p.returncode == 2 and "--signals: unknown ['b_simple']" in p.stderr, p.stderr
+    assert flag in out.out, flag
+  with pytest.raises(SystemExit) as done:
+    main(["--signals=b_simple"])
+  err = capsys.readouterr().err
+  assert done.value.code == 2 and "--signals: unknown ['b_simple']" in err, err
   assert not list(tmp_path.iterdir())  # nothing written
 
 

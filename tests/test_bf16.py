@@ -10,6 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+import pytest
 
 from cbs_jax import config as config_lib
 from cbs_jax import model as model_lib
@@ -76,6 +77,7 @@ def test_master_weights_keep_updates_bfloat16_would_lose():
                                 np.asarray(sm.master["w"].astype(jnp.bfloat16)))
 
 
+@pytest.mark.slow
 def test_bf16_run_keeps_float32_optimizer_state_and_statistics(tmp_path):
   """A short GRPO run with bf16 params + compute: bf16 parameters, float32
   master copy and Adam moments in the checkpoint, finite float32 losses and

@@ -92,6 +92,7 @@ def test_open_in_colab_badge_points_at_this_notebook(notebook):
   assert not os.path.exists(os.path.join(ROOT, "colab", "cbs_jax_quickstart.ipynb"))
 
 
+@pytest.mark.slow
 def test_tour_runs_at_tiny_size(tmp_path):
   env = dict(os.environ, CBS_JAX_TOUR_SIZE="tiny", CBS_JAX_TOUR_DIR=str(tmp_path / "tour"),
              CBS_JAX_LOCAL_PATH=ROOT, MPLBACKEND="Agg")

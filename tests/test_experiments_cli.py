@@ -1,8 +1,9 @@
-"""The experiment scripts' command lines: ``--help`` for each (from another
-directory: no sys.path edits needed), a bad flag, and every study's
-``--quick`` mode end to end, chained the way the full studies are: the
-on-policy sweep first, the others reading its runs back. Each must write
-the files its docstring promises, under ``--out`` only."""
+"""The experiment scripts' command lines: ``--help`` for each and a bad flag
+(in this process: the script loaded as a module, its ``main(argv)`` run from
+another directory), and every study's ``--quick`` mode end to end, chained
+the way the full studies are: the on-policy sweep first, the others reading
+its runs back. Each must write the files its docstring promises, under
+``--out`` only."""
 import importlib.util
 import os
 import subprocess
@@ -12,6 +13,7 @@ import pytest
 
 from cbs_jax import study_runner
 from cbs_jax.controller import SIGNALS
+from tests import experiment_scripts
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -72,12 +74,23 @@ def _run(script, *args, cwd, timeout):
                          *args], cwd=cwd, capture_output=True, text=True, timeout=timeout)
 
 
+def _main_in_process(script, *args, cwd, monkeypatch, capsys):
+  """experiments/<script>.py's main(args) run from cwd, as the command line
+  runs it: (exit code, stdout, stderr)."""
+  monkeypatch.chdir(cwd)
+  with pytest.raises(SystemExit) as done:
+    experiment_scripts.load(script).main(list(args))
+  out = capsys.readouterr()
+  return done.value.code, out.out, out.err
+
+
 @pytest.mark.parametrize("script", sorted(FLAGS))
-def test_help_lists_flags(script, tmp_path):
-  p = _run(script, "--help", cwd=tmp_path, timeout=120)
-  assert p.returncode == 0, p.stderr
+def test_help_lists_flags(script, tmp_path, monkeypatch, capsys):
+  code, stdout, stderr = _main_in_process(script, "--help", cwd=tmp_path,
+                                          monkeypatch=monkeypatch, capsys=capsys)
+  assert code == 0, stderr
   for flag in FLAGS[script]:
-    assert flag in p.stdout, (flag, p.stdout)
+    assert flag in stdout, (flag, stdout)
   assert not list(tmp_path.iterdir())  # --help writes nothing
 
 
@@ -109,6 +122,7 @@ def _check_throughput(res):
 CHECKS = {"adaptive_batch": _check_adaptive, "throughput_decision": _check_throughput}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("chain", sorted(CHAINS))
 def test_every_study_quick_mode_writes_its_files(chain, tmp_path):
   out = tmp_path / "out"
@@ -125,6 +139,7 @@ def test_every_study_quick_mode_writes_its_files(chain, tmp_path):
   assert sorted(os.listdir(tmp_path)) == ["out"]  # runs went under --out, not the cwd
 
 
+@pytest.mark.slow
 def test_sft_headroom_quick_writes_outputs(tmp_path):
   out = tmp_path / "out"
   p = _run("sft_headroom", "--quick", f"--out={out}", cwd=tmp_path, timeout=300)
@@ -135,9 +150,10 @@ def test_sft_headroom_quick_writes_outputs(tmp_path):
 
 @pytest.mark.parametrize("script,flag", [("clipping_ablation", "--variants=nosuch"),
                                          ("noise_anatomy", "--variants=nosuch")])
-def test_bad_flag_is_an_error(script, flag, tmp_path):
-  p = _run(script, flag, cwd=tmp_path, timeout=120)
-  assert p.returncode == 2 and "unknown variants" in p.stderr
+def test_bad_flag_is_an_error(script, flag, tmp_path, monkeypatch, capsys):
+  code, _, stderr = _main_in_process(script, flag, cwd=tmp_path, monkeypatch=monkeypatch,
+                                     capsys=capsys)
+  assert code == 2 and "unknown variants" in stderr
 
 
 def test_study_command_line_puts_quick_runs_under_out(tmp_path):

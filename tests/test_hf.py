@@ -400,6 +400,7 @@ def test_export_checks_shapes_against_config():
     hf.export(gd, params, _tiny(d_ff=64), "/nonexistent/never")
 
 
+@pytest.mark.slow
 def test_sharded_load_on_mesh(tmp_path):
   """8 CPU devices, (data 2, fsdp 2, tensor 2) mesh: every parameter lands on its
   param_shardings sharding with the single-device values."""
@@ -549,6 +550,7 @@ def test_gsm8k_tokenizer_roundtrips_solutions(tiny_qwen):
   assert 0 < P < task.max_prompt_len and 0 < C < task.max_completion_len
 
 
+@pytest.mark.slow
 def test_gsm8k_qwen_smoke_run_from_checkpoint(tiny_qwen, tmp_path):
   """configs/gsm8k_qwen.py:smoke from the checkpoint: GRPO rounds run, the
   layout is in the checkpoint tokenizer's tokens, EOS is sampleable (pad =

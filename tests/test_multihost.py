@@ -67,6 +67,7 @@ def _wait(procs, timeout):
   return [p.returncode for p, _ in procs]
 
 
+@pytest.mark.slow
 def test_two_processes_match_one_process_and_survive_preemption(tmp_path):
   # the reference: one process with 8 devices (it also builds the SFT base
   # that the multi-process runs start from)

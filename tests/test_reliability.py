@@ -192,6 +192,7 @@ def run_and_kill(cmd, env, workdir, kill_at_round, log):
   return False
 
 
+@pytest.mark.slow
 def test_sigkill_mid_run_then_restart_equals_uninterrupted_run(tmp_path):
   env = dict(os.environ)
   kills = (3, 9)  # two preemptions; the second one interrupts the resumed run
@@ -234,6 +235,7 @@ def test_sigkill_mid_run_then_restart_equals_uninterrupted_run(tmp_path):
 
 # ---------------------------------------------------------------- 2. determinism
 
+@pytest.mark.slow
 def test_same_config_and_seed_give_identical_runs(easy_task, tmp_path):
   # one stale update per round: the programs every other test here compiles
   # (multi-update and exact-noise paths cost a compile each; the preemption
@@ -289,6 +291,7 @@ def nan_task(monkeypatch, rounds):
   monkeypatch.setitem(tasks.TASKS, "nan_rewards", cls)
 
 
+@pytest.mark.slow
 def test_persistent_nan_loss_skips_updates_then_stops_naming_round(monkeypatch, tmp_path):
   nan_task(monkeypatch, range(3, 100))
   c = tiny_config(task__name="nan_rewards", train__num_rounds=8,
@@ -313,6 +316,7 @@ def test_persistent_nan_loss_skips_updates_then_stops_naming_round(monkeypatch, 
   assert m4["skipped_updates"] == 2 and m4["consecutive_nonfinite"] == 2
 
 
+@pytest.mark.slow
 def test_single_nan_round_is_skipped_and_training_continues(monkeypatch, tmp_path):
   nan_task(monkeypatch, {3})
   c = tiny_config(task__name="nan_rewards", train__num_rounds=6,
@@ -335,6 +339,7 @@ def test_single_nan_round_is_skipped_and_training_continues(monkeypatch, tmp_pat
   assert meta["consecutive_nonfinite"] == 0
 
 
+@pytest.mark.slow
 def test_update_that_makes_parameters_non_finite_is_skipped(easy_task, monkeypatch,
                                                           tmp_path):
   """A finite loss and gradient can still give a non-finite update (here an
@@ -605,6 +610,7 @@ def _sft_meta_garbage(wd):
   return f"sft_base/checkpoints/{step}"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("corrupt", [_meta_garbage, _meta_empty, _state_truncated,
                                      _state_metadata_deleted, _state_manifest_deleted,
                                      _state_dir_deleted, _sft_meta_garbage],
@@ -677,6 +683,7 @@ class InterruptibleTask(FirstDigitOne):
     return super().sample(rng, n, split)
 
 
+@pytest.mark.slow
 def test_interrupted_sweep_resumes_without_redoing_or_losing_runs(monkeypatch, tmp_path):
   monkeypatch.setitem(tasks.TASKS, "interruptible", InterruptibleTask)
   monkeypatch.setattr(InterruptibleTask, "interrupt_at", None)
@@ -765,6 +772,7 @@ def test_sweep_names_are_filesystem_safe_and_distinct():
   assert len(sweep.grid({"a": [1, 2], "b": [3, 4, 5], "c": 7})) == 6
 
 
+@pytest.mark.slow
 def test_sweep_cli_runs_the_grid(tmp_path):
   root = str(tmp_path / "sweep")
   cmd = [sys.executable, "-m", "cbs_jax.sweep", "--config=configs/default.py:smoke",
@@ -784,6 +792,7 @@ def test_sweep_cli_runs_the_grid(tmp_path):
   assert bad.returncode != 0 and "batch.num_promts" in bad.stderr
 
 
+@pytest.mark.slow
 def test_sweep_with_two_workers_gives_the_single_process_results(tmp_path):
   """Two runs at once (spawned, pinned, single-threaded XLA) produce the same
   summaries as the same sweep run one at a time in this process."""
@@ -851,6 +860,7 @@ def test_stored_config_with_a_retired_derived_field_still_matches(tmp_path):
     sweep.run_sweep(base, [{}], root, names=["base"], progress=False)
 
 
+@pytest.mark.slow
 def test_run_below_the_floor_stops_and_says_so(tmp_path):
   c = config_lib.base_config()
   c.model.d_model, c.model.d_ff, c.model.num_layers = 32, 64, 1
@@ -868,6 +878,7 @@ def test_run_below_the_floor_stops_and_says_so(tmp_path):
   assert again["rounds"] == 2
 
 
+@pytest.mark.slow
 def test_checkpoint_without_a_new_default_model_field_is_the_same_model(tmp_path):
   """A checkpoint written before the model config gained a field (the
   field's default is what that model was) loads; another value does not."""

@@ -1,11 +1,14 @@
 """The committed SFT config: loss falls and the base lands in the pass-rate band."""
 import os
 
+import pytest
+
 from cbs_jax import metrics as metrics_lib
 from cbs_jax import train
 from configs import sft_arithmetic
 
 
+@pytest.mark.slow
 def test_committed_sft_config_lands_in_the_band(tmp_path):
   c = sft_arithmetic.get_config()
   c.train.progress = False

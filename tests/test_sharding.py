@@ -55,6 +55,7 @@ print(json.dumps(out))
 """
 
 
+@pytest.mark.slow
 def test_parameters_and_optimizer_state_shard_by_logical_axis_names():
   r = subprocess.run([sys.executable, "-c", SPECS], cwd=ROOT, env=EIGHT,
                      capture_output=True, text=True, timeout=300)
@@ -136,6 +137,7 @@ def assert_same_run(one, other):
       assert a["noise_split/g2"] == pytest.approx(b["noise_split/g2"], abs=1e-3)
 
 
+@pytest.mark.slow
 def test_sharded_run_matches_single_device(tmp_path):
   one = run(str(tmp_path / "one"), dict(os.environ))
   mesh = run(str(tmp_path / "mesh"), EIGHT, "--config.mesh.data=2", "--config.mesh.fsdp=2",
@@ -143,6 +145,7 @@ def test_sharded_run_matches_single_device(tmp_path):
   assert_same_run(one, mesh)
 
 
+@pytest.mark.slow
 def test_mesh_not_matching_the_devices_is_an_error(tmp_path):
   cmd = [sys.executable, "-m", "cbs_jax.main", "--config=configs/default.py:smoke",
          f"--workdir={tmp_path}", "--config.mesh.tensor=3"]
@@ -155,6 +158,7 @@ def test_mesh_not_matching_the_devices_is_an_error(tmp_path):
 SLOW = os.environ.get("CBS_JAX_SLOW") == "1"
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not SLOW, reason="~20 min on 2 cores: set CBS_JAX_SLOW=1 to run the 25M "
                     "config on one device and on a (2, 2, 2) mesh of 8")
 def test_25m_config_on_a_mesh_matches_one_device(tmp_path):

@@ -40,6 +40,7 @@ def smoke_run(tmp_path_factory):
   return wd, r
 
 
+@pytest.mark.slow
 def test_main_writes_metrics_checkpoint_and_resumes(smoke_run):
   wd, r = smoke_run
   rows = metrics_lib.read_jsonl(os.path.join(wd, "metrics.jsonl"))
@@ -62,6 +63,7 @@ def test_main_writes_metrics_checkpoint_and_resumes(smoke_run):
   assert json.load(open(os.path.join(wd, "summary.json")))["rollouts_seen"] == 6 * 16
 
 
+@pytest.mark.slow
 def test_on_policy_update_has_unit_ratios_zero_kappa_no_clipping(smoke_run):
   wd, _ = smoke_run
   for row in metrics_lib.read_jsonl(os.path.join(wd, "metrics.jsonl"))[1:5]:
@@ -71,6 +73,7 @@ def test_on_policy_update_has_unit_ratios_zero_kappa_no_clipping(smoke_run):
     assert row["clip_frac_low"] == 0.0 and row["clip_frac_high"] == 0.0
 
 
+@pytest.mark.slow
 def test_checkpoint_of_another_model_shape_is_refused_and_kept(smoke_run):
   wd, _ = smoke_run
   before = listing(os.path.join(wd, "checkpoints"))
@@ -113,6 +116,7 @@ def test_tiny_run_on_an_easy_task_raises_reward(easy_task, tmp_path):
   assert s["final_pass_rate"] >= s["base_pass_rate"] + 0.3, s
 
 
+@pytest.mark.slow
 def test_reuse_makes_kappa_positive_and_growing(easy_task, tmp_path):
   c = tiny_config(batch__num_minibatches=2, batch__num_epochs=2, train__num_rounds=6,
                   optim__lr=3e-3)
@@ -126,6 +130,7 @@ def test_reuse_makes_kappa_positive_and_growing(easy_task, tmp_path):
   assert mean[3] > mean[1], mean  # later updates drift further
 
 
+@pytest.mark.slow
 def test_heldout_kappa_has_no_jump_at_the_epoch_boundary(tmp_path):
   """kappa on the probe (rollouts no update is fitted to) at the first update
   of the second epoch follows the first epoch's trend (a power law in the
@@ -168,6 +173,7 @@ BAD_CONFIGS = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("flag,field", BAD_CONFIGS)
 def test_bad_config_is_an_error_naming_the_field(flag, field, tmp_path):
   r = run_main(str(tmp_path / "w"), flag)
@@ -203,6 +209,7 @@ def test_config_get_path_reads_a_field_and_names_a_missing_one():
     config_lib.get_path(c, "seed.x")                    # below a leaf
 
 
+@pytest.mark.slow
 def test_measure_tool_pools_batches_at_a_checkpoint(smoke_run):
   from cbs_jax import measure
   wd, _ = smoke_run
@@ -233,6 +240,7 @@ class OddFirstDigit(arithmetic.ArithmeticTask):
     return float(completion[:1] in "13579")
 
 
+@pytest.mark.slow
 def test_adaptive_batch_follows_the_tracker_within_buckets(monkeypatch, tmp_path):
   from cbs_jax import controller
   from cbs_jax import noise_tracker
@@ -265,6 +273,7 @@ def test_adaptive_batch_follows_the_tracker_within_buckets(monkeypatch, tmp_path
                                     * min(1.0, (i + 1) / 5), rel=1e-6)
 
 
+@pytest.mark.slow
 def test_ppo_with_kl_penalty_runs_end_to_end(tmp_path):
   r = run_main(str(tmp_path), "--config.rl.kl_beta=0.1",
                config="configs/arithmetic_ppo.py:smoke")
@@ -274,6 +283,7 @@ def test_ppo_with_kl_penalty_runs_end_to_end(tmp_path):
   assert all(np.isfinite(row["loss"]) and row["skipped_updates"] == 0 for row in rows)
 
 
+@pytest.mark.slow
 def test_exact_noise_by_ghost_matches_vmap_in_the_trainer(easy_task, tmp_path):
   """``noise.exact_method="ghost"`` (one forward + backward, Gram sums) logs
   the same exact per-rollout noise rows and per-update drift traces as the
