@@ -33,7 +33,7 @@ block, latest round) over the training tracker's pooled ``noise`` block in
 ``summary.json``; a record whose B_noise is not finite and positive (|G|^2
 not resolved) is skipped, with its flag in the error if none is usable. The
 model dims, optimizer and task come from ``--config`` or the run
-directory's ``config.json`` (written by ``cbs_jax.sweep``); prompt and
+directory's ``config.json`` (written by ``cbs_jax.main`` and ``cbs_jax.sweep``); prompt and
 completion lengths from the task's layout (``rollouts.Layout``) unless given.
 B_noise is measured at the run's K; the table keeps that K (P = N / K).
 """
