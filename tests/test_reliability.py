@@ -817,19 +817,23 @@ def test_sweep_with_two_workers_gives_the_single_process_results(tmp_path):
     sweep.run_sweep(base, grid, str(tmp_path / "three"), workers=0)
 
 
+def _store_finished_run(root, name, stored_config):
+  """A finished sweep run as older code left it: its config.json and summary."""
+  wd = os.path.join(root, name)
+  os.makedirs(wd, exist_ok=True)
+  with open(os.path.join(wd, "config.json"), "w") as f:
+    json.dump(stored_config, f)
+  with open(os.path.join(wd, "summary.json"), "w") as f:
+    json.dump({"final_pass_rate": 0.5}, f)
+
+
 def test_stored_config_without_a_new_default_field_still_matches(tmp_path):
   """A run stored before the code gained a field (left at its default) is
   the same run; a non-default value of that field is another run."""
-  base = config_lib.base_config()
-  root = str(tmp_path)
-  wd = os.path.join(root, "base")
-  os.makedirs(wd)
+  base, root = config_lib.base_config(), str(tmp_path)
   stored = json.loads(json.dumps(base.to_dict(), default=str))
   del stored["train"]["stop_below_pass_rate"]  # as written by older code
-  with open(os.path.join(wd, "config.json"), "w") as f:
-    json.dump(stored, f)
-  with open(os.path.join(wd, "summary.json"), "w") as f:
-    json.dump({"final_pass_rate": 0.5}, f)
+  _store_finished_run(root, "base", stored)
   rows = sweep.run_sweep(base, [{}], root, progress=False)
   assert rows[0]["summary"] == {"final_pass_rate": 0.5}  # read back, not rerun
   with pytest.raises(ValueError, match="train.stop_below_pass_rate"):
@@ -841,21 +845,14 @@ def test_stored_config_with_a_retired_derived_field_still_matches(tmp_path):
   """Runs stored while the trainer wrote its derived sampler ids into the
   config (``sampling.suppress_ids``) are the same runs now that the ids live
   in the Setup; any other field the config lacks is still a difference."""
-  base = config_lib.base_config()
-  root = str(tmp_path)
-  wd = os.path.join(root, "base")
-  os.makedirs(wd)
+  base, root = config_lib.base_config(), str(tmp_path)
   stored = json.loads(json.dumps(base.to_dict(), default=str))
   stored["sampling"]["suppress_ids"] = [0, 1]  # as written by older code
-  with open(os.path.join(wd, "config.json"), "w") as f:
-    json.dump(stored, f)
-  with open(os.path.join(wd, "summary.json"), "w") as f:
-    json.dump({"final_pass_rate": 0.5}, f)
+  _store_finished_run(root, "base", stored)
   rows = sweep.run_sweep(base, [{}], root, progress=False)
   assert rows[0]["summary"] == {"final_pass_rate": 0.5}  # read back, not rerun
   stored["sampling"]["not_a_field"] = 1
-  with open(os.path.join(wd, "config.json"), "w") as f:
-    json.dump(stored, f)
+  _store_finished_run(root, "base", stored)
   with pytest.raises(ValueError, match="sampling.not_a_field"):
     sweep.run_sweep(base, [{}], root, names=["base"], progress=False)
 
