@@ -31,6 +31,7 @@ def _policy(tmp_path, task, kwargs, steps):
   return c, setup, graphdef, params
 
 
+@pytest.mark.slow  # two SFT runs of 300 steps
 @pytest.mark.parametrize("task,kwargs,steps", [
     ("arithmetic", dict(min_digits=1, max_digits=1, ops="+-"), 300),
     ("countdown", dict(num_numbers=2, max_number=9, ops="+-*"), 300),
