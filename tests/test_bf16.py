@@ -35,6 +35,7 @@ def _batch(seed=0, B=8, Tp=6, Tc=10, V=20):
   return prompt, pmask, comp, cmask
 
 
+@pytest.mark.slow  # ~20 s of CPU
 def test_bf16_logprobs_close_to_float32():
   c32 = tiny_config(max_len=32, num_layers=3)
   gd32, p32 = model_lib.build(c32, seed=3)

@@ -74,6 +74,7 @@ def test_grpo_loss_gradient_matches_central_finite_differences():
     assert fd == pytest.approx(an, rel=1e-2, abs=2e-5), (trial, fd, an)
 
 
+@pytest.mark.slow  # ~1 min of CPU x 3 aggregations
 @pytest.mark.parametrize("mode", MODES)
 def test_loss_and_gradient_identical_under_microbatching(mode):
   graphdef, params = tiny_model()
@@ -107,6 +108,7 @@ def naive_per_rollout_grads(graphdef, params, batch, rl_cfg, s_cfg):
   return np.stack(out).reshape(P, K, -1)
 
 
+@pytest.mark.slow  # ~1 min of CPU: per-rollout loops x 3 aggregations
 @pytest.mark.parametrize("mode", MODES)
 def test_per_rollout_and_split_statistics_match_a_python_loop(mode):
   graphdef, params = tiny_model()

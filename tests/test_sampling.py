@@ -466,6 +466,7 @@ def test_no_eos_runs_every_row_to_the_end_and_matches_score(tiny):
   np.testing.assert_array_equal(direct.logprobs, out.logprobs)
 
 
+@pytest.mark.slow  # ~40 s of CPU each
 @pytest.mark.parametrize("eos_id", [None, "eos"])
 def test_length_buckets_do_not_change_samples(tiny, eos, eos_id):
   """One bucket (the whole cache every step), three buckets and one bucket
