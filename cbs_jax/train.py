@@ -412,8 +412,10 @@ def start_run(config, workdir: str, setup: run_setup.Setup) -> tuple[Trainer, ru
       log=run_state.RunLog())
   if resume is not None:
     state = run_state.restore(ckpt, resume, state)
-  # metrics are written once, by process 0 (every process computes the same rows)
-  writer = (metrics_lib.MetricsWriter(workdir, resume_round=state.counters.round + 1)
+  # metrics are written once, by process 0 (every process computes the same rows);
+  # a run with no checkpoint yet starts again at round 0 (its rows are dropped)
+  first_round = state.counters.round + 1 if resume is not None else 0
+  writer = (metrics_lib.MetricsWriter(workdir, resume_round=first_round)
             if jax.process_index() == 0 else _NoWriter())
   leaf_groups = [gradstats.param_group(p) for p in gradstats.leaf_paths(base_params)]
   trainer = Trainer(c, workdir, setup, ckpt, mesh, graphdef, base_params, base_summary, tx,

@@ -14,6 +14,7 @@ during one leaves the store as a process killed just before it.
 """
 from __future__ import annotations
 
+import gc
 import importlib
 import io
 import json
@@ -65,10 +66,11 @@ class _Upload(io.BytesIO):
     self._store, self._local_path = store, local_path
 
   def close(self):
-    if not self.closed:
-      data = self.getvalue()
-      self._store.publish(self._local_path, data)
-    super().close()
+    if self.closed:
+      return
+    data = self.getvalue()
+    super().close()  # first: a killed upload is gone, never retried (by __del__)
+    self._store.publish(self._local_path, data)
 
 
 class FakeBucket(DirFileSystem):
@@ -247,6 +249,14 @@ def easy_task(monkeypatch):
   monkeypatch.setitem(tasks.TASKS, "first_digit_one", FirstDigitOne)
 
 
+def close_killed_writers():
+  """Close the metrics writers a killed run left open (their TensorBoard
+  threads would flush at exit, after the fake bucket is gone)."""
+  for obj in gc.get_objects():
+    if isinstance(obj, metrics_lib.MetricsWriter):
+      obj.close()
+
+
 def bucket_listing(root, prefix):
   out = []
   for base, _, files in os.walk(os.path.join(root, prefix)):
@@ -300,6 +310,7 @@ def test_kill_before_any_upload_then_rerun_equals_an_uninterrupted_run(easy_task
     FakeBucket.kill_at = k
     with pytest.raises(Killed):
       train.train_and_evaluate(tiny_config(), wd)
+    close_killed_writers()
     assert FakeBucket.kill_at is None, what
     assert not paths.exists(f"{wd}/summary.json"), what
     train.train_and_evaluate(tiny_config(), wd)  # the rerun completes the run
@@ -308,3 +319,21 @@ def test_kill_before_any_upload_then_rerun_equals_an_uninterrupted_run(easy_task
     assert canon(strip_time(rows)) == canon(strip_time(ref_rows)), what
     summary = json.loads(paths.read_text(f"{wd}/summary.json"))
     assert canon(strip_time(summary)) == canon(strip_time(ref_summary)), what
+
+
+def test_local_run_killed_before_its_first_checkpoint_reruns_without_a_second_round_0(
+    easy_task, monkeypatch, tmp_path):
+  wd = str(tmp_path / "run")
+  save = train.checkpoint
+
+  def killed_at_first_checkpoint(*args, **kwargs):
+    monkeypatch.setattr(train, "checkpoint", save)
+    raise Killed("killed before the round-2 checkpoint")
+
+  monkeypatch.setattr(train, "checkpoint", killed_at_first_checkpoint)
+  with pytest.raises(Killed):
+    train.train_and_evaluate(tiny_config(), wd)
+  close_killed_writers()
+  assert [r["round"] for r in metrics_lib.read_jsonl(f"{wd}/metrics.jsonl")] == [0, 1, 2]
+  train.train_and_evaluate(tiny_config(), wd)
+  assert [r["round"] for r in metrics_lib.read_jsonl(f"{wd}/metrics.jsonl")] == [0, 1, 2, 3, 4]
