@@ -26,6 +26,7 @@ from etils.epath import backend as epath_backend
 from fsspec.implementations.dirfs import DirFileSystem
 from fsspec.implementations.local import LocalFileSystem
 from orbax.checkpoint._src.path import gcs_utils
+from tensorboardX import event_file_writer
 
 from cbs_jax import config as config_lib
 from cbs_jax import metrics as metrics_lib
@@ -250,11 +251,11 @@ def easy_task(monkeypatch):
 
 
 def close_killed_writers():
-  """Close the metrics writers a killed run left open (their TensorBoard
-  threads would flush at exit, after the fake bucket is gone)."""
+  """Close the TensorBoard event files a killed run left open (tensorboardX
+  would flush them at exit, after the fake bucket is gone)."""
   for obj in gc.get_objects():
-    if isinstance(obj, metrics_lib.MetricsWriter):
-      obj.close()
+    if isinstance(obj, event_file_writer.EventFileWriter):
+      obj.close()  # idempotent
 
 
 def bucket_listing(root, prefix):
