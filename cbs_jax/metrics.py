@@ -69,7 +69,7 @@ class MetricsWriter:
       from tensorboardX import SummaryWriter
       from tensorboardX import record_writer
       if self._remote:  # event files through paths too (an upload per flush)
-        record_writer.register_writer_factory(paths.scheme(workdir), paths.tensorboard_factory)
+        record_writer.register_writer_factory(paths.scheme(workdir), paths.TENSORBOARD_FACTORY)
       self._tb = SummaryWriter(paths.join(workdir, "tb"), purge_step=resume_round)
 
   def write(self, row: dict) -> None:

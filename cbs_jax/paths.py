@@ -8,7 +8,9 @@ errors); a URI goes through ``etils.epath`` (gcsfs, or TensorFlow's gfile
 where it is installed). Checkpoints go through orbax, which takes the same
 URIs; the ``Checkpointer`` only avoids local-only calls on them.
 
-Atomicity. A kill at any moment must leave a workdir that reads and resumes:
+Atomicity. A kill at any moment must leave a workdir that reads and resumes.
+An object upload (gcsfs, or gfile, closing a file opened for writing) becomes
+visible whole when it completes, or not at all:
 
 * ``write_atomic(path, text)`` replaces a whole file. Locally it writes
   ``<path>.tmp.<pid>``, fsyncs it and renames it over ``path`` (a POSIX
@@ -20,15 +22,18 @@ Atomicity. A kill at any moment must leave a workdir that reads and resumes:
   a kill can tear the last line, which ``metrics.read_jsonl`` drops). Object
   stores cannot append: ``metrics.MetricsWriter`` rewrites the whole
   ``metrics.jsonl`` object (its rows are in memory) with ``write_atomic`` at
-  every row there. That uploads O(rows^2) bytes over a run (a few MB per
-  thousand-round run at most per upload) and the object is always a whole
-  prefix of the run's rows: nothing to repair, no second object to merge.
+  every row there. The object is then always a whole prefix of the run's
+  rows: nothing to repair, no second object to merge. The price is
+  O(rows^2) bytes uploaded over a run: with rows of a few kB, a
+  thousand-round run uploads a few MB per round, small next to a checkpoint.
 * ``makedirs`` is a no-op on a URI: object stores have no directories (a
   prefix exists once an object is under it).
 
 TensorBoard event files under a URI are written through ``epath`` as well
-(``tensorboard_factory``): the event file is kept in memory and uploaded
-whole at every flush, as tensorboardX's own GCS writer does.
+(``TENSORBOARD_FACTORY``, which ``metrics.MetricsWriter`` registers with
+tensorboardX for the URI's scheme): the event file is kept in memory and
+uploaded whole at every flush, as tensorboardX's own GCS writer does (that
+one needs google-cloud-storage; this one only ``etils.epath``).
 """
 from __future__ import annotations
 
@@ -160,13 +165,14 @@ class _WholeObjectFile:
     self.flush()
 
 
-class tensorboard_factory:  # pylint: disable=invalid-name  (tensorboardX's factory protocol)
+class _TensorBoardFactory:
   """A tensorboardX record-writer factory for URIs (``register_writer_factory``)."""
 
-  @staticmethod
-  def open(path: str) -> _WholeObjectFile:
+  def open(self, path: str) -> _WholeObjectFile:
     return _WholeObjectFile(path)
 
-  @staticmethod
-  def directory_check(path: str) -> None:
+  def directory_check(self, path: str) -> None:
     del path  # object stores have no directories
+
+
+TENSORBOARD_FACTORY = _TensorBoardFactory()

@@ -38,7 +38,7 @@ from cbs_jax import train
 from cbs_jax.tasks import arithmetic
 
 # fsspec's writable registry (``fsspec.registry`` is its read-only view)
-FSSPEC_REGISTRY = importlib.import_module("fsspec.registry")._registry  # pylint: disable=protected-access
+FSSPEC_REGISTRY = importlib.import_module("fsspec.registry")._registry  # pylint: disable=W0212
 TIME_KEY = re.compile(r"seconds|_per_s$|time|wall")
 
 
