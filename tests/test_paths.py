@@ -254,7 +254,7 @@ def close_killed_writers():
   """Close the TensorBoard event files a killed run left open (tensorboardX
   would flush them at exit, after the fake bucket is gone)."""
   for obj in gc.get_objects():
-    if isinstance(obj, event_file_writer.EventFileWriter):
+    if type(obj) is event_file_writer.EventFileWriter:  # pylint: disable=unidiomatic-typecheck
       obj.close()  # idempotent
 
 
