@@ -15,6 +15,11 @@ process that holds them and the metadata once, from process 0. A process-
 local array (one that lives on this process's devices only, e.g. the SFT
 warm start that every process computes identically) is saved as one
 replicated global array and restored as a process-local one again.
+
+The directory may be an object-store URI (``gs://bucket/run/checkpoints``):
+orbax opens it through ``etils.epath`` and commits a step there with a
+commit-success file instead of a rename. Only a local directory is made
+absolute, created and checked for write access here.
 """
 from __future__ import annotations
 
@@ -25,6 +30,8 @@ import numpy as np
 import orbax.checkpoint as ocp
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as PS
+
+from cbs_jax import paths
 
 
 def _is_local(x) -> bool:
@@ -56,11 +63,12 @@ class CheckpointError(ValueError):
 class Checkpointer:
 
   def __init__(self, directory: str, max_to_keep: int = 2):
-    directory = os.path.abspath(directory)
-    parent = os.path.dirname(directory)
-    os.makedirs(parent, exist_ok=True)
-    if not os.access(parent, os.W_OK):
-      raise CheckpointError(f"checkpoint directory {directory!r} is not writable")
+    directory = paths.absolute(directory)
+    if not paths.is_remote(directory):  # an object store has no directories to make
+      parent = os.path.dirname(directory)
+      os.makedirs(parent, exist_ok=True)
+      if not os.access(parent, os.W_OK):
+        raise CheckpointError(f"checkpoint directory {directory!r} is not writable")
     self.directory = directory
     self._mgr = ocp.CheckpointManager(
         directory,

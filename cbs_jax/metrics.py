@@ -4,14 +4,21 @@
 round >= r are dropped first (they were written after the checkpoint the run
 resumes from, and will be written again), so the file never holds a
 duplicated or missing round.
+
+The file goes through ``paths``: locally each row is appended and fsynced
+(a kill can tear the last line; ``read_jsonl`` drops it). Under an
+object-store URI, which cannot append, every row rewrites the whole object
+(one atomic upload of all rows so far), so the object is always a whole
+prefix of the run's rows.
 """
 from __future__ import annotations
 
 import json
 import math
-import os
 
 import numpy as np
+
+from cbs_jax import paths
 
 
 def _clean(v):
@@ -27,46 +34,50 @@ def _clean(v):
 
 
 def read_jsonl(path: str) -> list[dict]:
-  if not os.path.exists(path):
+  if not paths.exists(path):
     return []
   rows = []
-  with open(path) as f:
-    for line in f:
-      line = line.strip()
-      if line:
-        try:
-          rows.append(json.loads(line))
-        except json.JSONDecodeError:
-          break  # a torn last line from a kill mid-write: drop it
+  for line in paths.read_text(path).splitlines():
+    line = line.strip()
+    if line:
+      try:
+        rows.append(json.loads(line))
+      except json.JSONDecodeError:
+        break  # a torn last line from a kill mid-write: drop it
   return rows
 
 
+def _lines(rows) -> str:
+  return "".join(json.dumps(r) + "\n" for r in rows)
+
+
 class MetricsWriter:
-  """Append rows to ``workdir/metrics.jsonl`` and TensorBoard scalars."""
+  """Append rows to ``workdir/metrics.jsonl`` and TensorBoard scalars
+  (``workdir`` a local directory or an object-store URI)."""
 
   def __init__(self, workdir: str, resume_round: int = 0, tensorboard: bool = True,
                filename: str = "metrics.jsonl", key: str = "round"):
-    os.makedirs(workdir, exist_ok=True)
-    self.path = os.path.join(workdir, filename)
+    paths.makedirs(workdir)
+    self.path = paths.join(workdir, filename)
     kept = [r for r in read_jsonl(self.path) if r.get(key, -1) < resume_round]
-    tmp = self.path + ".tmp"
-    with open(tmp, "w") as f:
-      for r in kept:
-        f.write(json.dumps(r) + "\n")
-    os.replace(tmp, self.path)
+    paths.write_atomic(self.path, _lines(kept))
     self.rows = kept
+    self._remote = paths.is_remote(self.path)
     self.key = key
     self._tb = None
     if tensorboard:
       from tensorboardX import SummaryWriter
-      self._tb = SummaryWriter(os.path.join(workdir, "tb"), purge_step=resume_round)
+      from tensorboardX import record_writer
+      if self._remote:  # event files through paths too (an upload per flush)
+        record_writer.register_writer_factory(paths.scheme(workdir), paths.TENSORBOARD_FACTORY)
+      self._tb = SummaryWriter(paths.join(workdir, "tb"), purge_step=resume_round)
 
   def write(self, row: dict) -> None:
     row = {k: _clean(v) for k, v in row.items()}
-    with open(self.path, "a") as f:
-      f.write(json.dumps(row) + "\n")
-      f.flush()
-      os.fsync(f.fileno())
+    if self._remote:  # no append on an object store: upload all rows at once
+      paths.write_atomic(self.path, _lines(self.rows + [row]))
+    else:
+      paths.append_text(self.path, _lines([row]))
     self.rows.append(row)
     if self._tb is not None:
       step = row[self.key]

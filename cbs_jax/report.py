@@ -9,12 +9,16 @@
 that made it: the git commit (and whether the tree had uncommitted changes),
 the full config(s), the versions of jax, flax, optax, orbax-checkpoint and
 numpy, the platform and devices, the wall time and the command line.
+
+Files go through ``paths`` (the root may be an object-store URI), each
+written whole and atomically (``paths.write_atomic``).
 """
 from __future__ import annotations
 
 import csv
 import datetime
 import importlib.metadata
+import io
 import json
 import os
 import platform
@@ -23,6 +27,8 @@ import subprocess
 import sys
 import time
 from typing import Any, Sequence
+
+from cbs_jax import paths
 
 _PACKAGES = ("jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "numpy",
              "ml-collections")
@@ -96,11 +102,11 @@ def command_line(argv: Sequence[str] | None = None) -> str:
 
 def missing_manifests(root: str = "experiments/results") -> list[str]:
   """Result folders ``root/<name>/`` without a ``manifest.json`` (sorted)."""
-  if not os.path.isdir(root):
+  if not paths.isdir(root):
     return []
-  return sorted(d for d in os.listdir(root)
-                if os.path.isdir(os.path.join(root, d)) and not d.startswith(".")
-                and not os.path.exists(os.path.join(root, d, MANIFEST)))
+  return sorted(d for d in paths.listdir(root)
+                if paths.isdir(paths.join(root, d)) and not d.startswith(".")
+                and not paths.exists(paths.join(root, d, MANIFEST)))
 
 
 def markdown_table(rows: Sequence[dict], columns: Sequence[str],
@@ -127,30 +133,30 @@ class Results:
     if not name or os.sep in name:
       raise ValueError(f"experiment name {name!r} must be a plain folder name")
     self.name = name
-    self.dir = os.path.join(root, name)
-    os.makedirs(self.dir, exist_ok=True)
+    self.dir = paths.join(root, name)
+    paths.makedirs(self.dir)
     self.t0 = datetime.datetime.now(datetime.timezone.utc)
     self._clock = time.monotonic()
 
   def path(self, suffix: str) -> str:
-    return os.path.join(self.dir, f"{self.name}{suffix}")
+    return paths.join(self.dir, f"{self.name}{suffix}")
 
   def table(self, rows: Sequence[dict], columns: Sequence[str], fmt: dict | None = None,
             title: str | None = None, notes: str = "", echo: bool = True) -> str:
     """Write ``<name>.csv`` (all columns of the rows) and ``<name>.md``
     (``columns``, ``title``, ``notes``); print and return the markdown."""
     keys = list(dict.fromkeys(k for r in rows for k in r))
-    with open(self.path(".csv"), "w", newline="") as f:
-      w = csv.DictWriter(f, fieldnames=keys)
-      w.writeheader()
-      for r in rows:
-        w.writerow({k: json.dumps(v) if isinstance(v, (list, dict)) else v
-                    for k, v in r.items()})
+    buf = io.StringIO(newline="")
+    w = csv.DictWriter(buf, fieldnames=keys)
+    w.writeheader()
+    for r in rows:
+      w.writerow({k: json.dumps(v) if isinstance(v, (list, dict)) else v
+                  for k, v in r.items()})
+    paths.write_atomic(self.path(".csv"), buf.getvalue())
     md = (f"# {title}\n\n" if title else "") + markdown_table(rows, columns, fmt)
     if notes:
       md += "\n\n" + notes.strip() + "\n"
-    with open(self.path(".md"), "w") as f:
-      f.write(md + ("\n" if not md.endswith("\n") else ""))
+    paths.write_atomic(self.path(".md"), md + ("\n" if not md.endswith("\n") else ""))
     if echo:
       print(md)
     return md
@@ -179,8 +185,6 @@ class Results:
     doc = dict(experiment=self.name, started_utc=self.t0.isoformat(),
                wall_seconds=float(wall_seconds), command=command,
                config=_plain(config), **provenance(), **extra)
-    path = os.path.join(self.dir, MANIFEST)
-    with open(path + ".tmp", "w") as f:
-      json.dump(doc, f, indent=1, default=str)
-    os.replace(path + ".tmp", path)
+    path = paths.join(self.dir, MANIFEST)
+    paths.write_atomic(path, json.dumps(doc, indent=1, default=str))
     return path

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import os
 import time
 
 import jax
@@ -22,6 +21,7 @@ import tqdm
 from cbs_jax import checkpoint as ckpt_lib
 from cbs_jax import metrics as metrics_lib
 from cbs_jax import model as model_lib
+from cbs_jax import paths
 from cbs_jax import rollouts
 from cbs_jax import run_setup
 from cbs_jax import scoring
@@ -67,7 +67,7 @@ def train_sft(config, setup: run_setup.Setup, workdir: str):
   c = config.sft
   task, tok, layout, model_cfg = setup.task, setup.tok, setup.layout, setup.model
   graphdef, params = model_lib.build(model_cfg, seed=config.seed)
-  ckpt = ckpt_lib.Checkpointer(os.path.join(workdir, "checkpoints"))
+  ckpt = ckpt_lib.Checkpointer(paths.join(workdir, "checkpoints"))
   model_meta = model_cfg.to_dict()
   tx = optax.chain(
       optax.clip_by_global_norm(1.0),

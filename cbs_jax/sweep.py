@@ -15,7 +15,8 @@ workdir, where the trainer resumes from the last checkpoint. A stored
 ``config.json`` that differs from the run's config is an error naming the
 differing fields (two configs never share a workdir). After every run, its
 row (name, overrides, summary) is refreshed in ``root/results.jsonl`` by an
-atomic rewrite (tmp file + ``os.replace``), so an interruption at any moment
+atomic rewrite (``paths.write_atomic``: tmp file + rename locally, one object
+upload under an object-store URI root), so an interruption at any moment
 loses no finished result and redoes no finished run.
 """
 from __future__ import annotations
@@ -32,6 +33,7 @@ import ml_collections
 import tqdm
 
 from cbs_jax import config as config_lib
+from cbs_jax import paths
 from cbs_jax import train
 
 RESULTS = "results.jsonl"
@@ -113,32 +115,21 @@ def config_diff(a: dict, b: dict) -> list[str]:
   return sorted(k for k in set(fa) | set(fb) if fa.get(k, missing) != fb.get(k, missing))
 
 
-def _write_atomic(path: str, text: str) -> None:
-  tmp = f"{path}.tmp.{os.getpid()}"
-  with open(tmp, "w") as f:
-    f.write(text)
-    f.flush()
-    os.fsync(f.fileno())
-  os.replace(tmp, path)
-
-
 def _read_json(path: str):
   """The JSON in ``path``, or None if it is missing or unreadable (torn)."""
   try:
-    with open(path) as f:
-      return json.load(f)
+    return json.loads(paths.read_text(path))
   except (OSError, ValueError):
     return None
 
 
 def read_results(root: str) -> list[dict]:
-  path = os.path.join(root, RESULTS)
+  path = paths.join(root, RESULTS)
   rows = []
-  if os.path.exists(path):
-    with open(path) as f:
-      for line in f:
-        if line.strip():
-          rows.append(json.loads(line))
+  if paths.exists(path):
+    for line in paths.read_text(path).splitlines():
+      if line.strip():
+        rows.append(json.loads(line))
   return rows
 
 
@@ -150,16 +141,16 @@ def _store_result(root: str, row: dict) -> None:
       break
   else:
     rows.append(row)
-  _write_atomic(os.path.join(root, RESULTS),
+  paths.write_atomic(paths.join(root, RESULTS),
                 "".join(json.dumps(r, default=float) + "\n" for r in rows))
 
 
 def _prepare_run(root, name, config) -> tuple[str, dict, bool]:
   """Check the stored config of run ``name``; returns (workdir, config json, stored?)."""
-  workdir = os.path.join(root, name)
+  workdir = paths.join(root, name)
   want = _as_json(config)
-  cfg_path = os.path.join(workdir, "config.json")
-  if os.path.exists(cfg_path):
+  cfg_path = paths.join(workdir, "config.json")
+  if paths.exists(cfg_path):
     have = _read_json(cfg_path)
     if have is None:
       raise ValueError(f"{cfg_path} is unreadable; remove it (or the run) to rerun {name!r}")
@@ -175,8 +166,8 @@ def _prepare_run(root, name, config) -> tuple[str, dict, bool]:
           f"sweep run {name!r} in {workdir} was made with a different config "
           f"({detail}); give this run another name or root")
     return workdir, want, True
-  leftovers = [f for f in os.listdir(workdir) if not f.startswith("config.json.tmp")] \
-      if os.path.isdir(workdir) else []
+  leftovers = [f for f in paths.listdir(workdir) if not f.startswith("config.json.tmp")] \
+      if paths.isdir(workdir) else []
   if leftovers:
     raise ValueError(f"{workdir} is not empty but holds no config.json: it is not a "
                      f"run of this sweep; give run {name!r} another name or root")
@@ -230,7 +221,7 @@ def run_sweep(base_config: ml_collections.ConfigDict,
   dup = sorted({n for n in names if names.count(n) > 1})
   if dup:
     raise ValueError(f"sweep run names are not distinct: {dup}")
-  if os.path.exists(root) and not os.path.isdir(root):
+  if paths.exists(root) and not paths.isdir(root):
     raise ValueError(f"sweep root {root!r} exists and is not a directory")
   runs = []
   for name, over in zip(names, overrides):
@@ -241,7 +232,7 @@ def run_sweep(base_config: ml_collections.ConfigDict,
       raise ValueError(f"sweep run {name!r} ({over}): {e}") from e
     runs.append((name, over, config))
   prepared = [_prepare_run(root, name, config) for name, _, config in runs]
-  os.makedirs(root, exist_ok=True)
+  paths.makedirs(root)
 
   if not isinstance(workers, int) or workers < 1:
     raise ValueError(f"workers={workers!r} must be an integer >= 1")
@@ -249,10 +240,10 @@ def run_sweep(base_config: ml_collections.ConfigDict,
   todo = []
   for i, ((name, over, config), (workdir, cfg_json, stored)) in enumerate(zip(runs, prepared)):
     if not stored:
-      os.makedirs(workdir, exist_ok=True)
-      _write_atomic(os.path.join(workdir, "config.json"),
+      paths.makedirs(workdir)
+      paths.write_atomic(paths.join(workdir, "config.json"),
                     json.dumps(cfg_json, indent=2, sort_keys=True))
-    summary = _read_json(os.path.join(workdir, "summary.json")) if stored else None
+    summary = _read_json(paths.join(workdir, "summary.json")) if stored else None
     if summary is None:  # never finished (or its summary was torn): (re)run, resuming
       todo.append(i)
     else:

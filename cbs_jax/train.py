@@ -36,7 +36,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
-import os
 import time
 from typing import Any
 
@@ -60,6 +59,7 @@ from cbs_jax import noise
 from cbs_jax import noise_stats
 from cbs_jax import noise_tracker
 from cbs_jax import objective
+from cbs_jax import paths
 from cbs_jax import precision
 from cbs_jax import rl
 from cbs_jax import rollouts
@@ -90,10 +90,7 @@ def make_optimizer(oc, param_dtype: str = "float32") -> optax.GradientTransforma
 def sft_base(config, workdir: str, setup: run_setup.Setup):
   """(graphdef, params, summary) of the SFT base: ``config.sft.base_dir``
   (relative to ``workdir`` unless absolute), trained there if missing."""
-  base_dir = config.sft.base_dir
-  if not os.path.isabs(base_dir):
-    base_dir = os.path.normpath(os.path.join(workdir, base_dir))
-  return sft.train_sft(config, setup, base_dir)
+  return sft.train_sft(config, setup, paths.resolve(workdir, config.sft.base_dir))
 
 
 # teacher-forced scoring of a whole round (PPO values, KL reference), compiled once
@@ -387,7 +384,7 @@ def start_run(config, workdir: str, setup: run_setup.Setup) -> tuple[Trainer, ru
   """The trainer of ``workdir``'s run and its state: resumed from the last
   checkpoint, or fresh from the SFT base (built if missing)."""
   c = config
-  ckpt = ckpt_lib.Checkpointer(os.path.join(workdir, "checkpoints"))
+  ckpt = ckpt_lib.Checkpointer(paths.join(workdir, "checkpoints"))
   resume = ckpt.latest_step()
   model_config = setup.model.to_dict()
   if resume is not None:
@@ -415,8 +412,10 @@ def start_run(config, workdir: str, setup: run_setup.Setup) -> tuple[Trainer, ru
       log=run_state.RunLog())
   if resume is not None:
     state = run_state.restore(ckpt, resume, state)
-  # metrics are written once, by process 0 (every process computes the same rows)
-  writer = (metrics_lib.MetricsWriter(workdir, resume_round=state.counters.round + 1)
+  # metrics are written once, by process 0 (every process computes the same rows);
+  # a run with no checkpoint yet starts again at round 0 (its rows are dropped)
+  first_round = state.counters.round + 1 if resume is not None else 0
+  writer = (metrics_lib.MetricsWriter(workdir, resume_round=first_round)
             if jax.process_index() == 0 else _NoWriter())
   leaf_groups = [gradstats.param_group(p) for p in gradstats.leaf_paths(base_params)]
   trainer = Trainer(c, workdir, setup, ckpt, mesh, graphdef, base_params, base_summary, tx,
@@ -669,7 +668,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
     config_lib.validate(config)
     sharding.initialize_distributed(config.distributed)
   setup = run_setup.prepare(config)
-  os.makedirs(workdir, exist_ok=True)
+  paths.makedirs(workdir)
   if config.mode == "sft":
     _, _, summary = sft.train_sft(config, setup, workdir)
     _write_summary(workdir, summary)
@@ -735,10 +734,9 @@ def _train_rl(c, workdir, setup):
 def _write_summary(workdir, summary):
   if jax.process_index():  # written once, by process 0
     return
-  path = os.path.join(workdir, "summary.json")
-  with open(path + ".tmp", "w") as f:  # atomic: a kill never leaves a torn summary
-    json.dump(summary, f, indent=2, default=float)
-  os.replace(path + ".tmp", path)
+  # atomic: a kill never leaves a torn summary
+  paths.write_atomic(paths.join(workdir, "summary.json"),
+                     json.dumps(summary, indent=2, default=float))
 
 
 def summarise(c, state: run_state.RunState, base_summary: dict, wall: float) -> dict:
