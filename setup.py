@@ -14,6 +14,7 @@ setuptools.setup(
         "flax>=0.11",
         "optax>=0.2.4",
         "orbax-checkpoint>=0.11",
+        "etils[epath]",  # cbs_jax/paths.py: local and object-store (gs://) paths
         "numpy>=1.26",
         "scipy>=1.10",  # quantiles, bootstrap intervals (stats.py, noise_tracker.py)
         "ml-collections>=0.1.1",
@@ -26,7 +27,9 @@ setuptools.setup(
         "test": ["pytest>=7", "pytest-xdist>=3", "hypothesis>=6.80",
                  "tokenizers>=0.15", "safetensors>=0.4",
                  "pyink==26.5.1"],  # the formatter (pyproject.toml), pinned: same output
-        "hf": ["tokenizers>=0.15", "safetensors>=0.4"],  # Hugging Face checkpoints
+        "hf": ["tokenizers>=0.15", "safetensors>=0.4"],
+        # gs:// workdirs (TPU VMs): epath's Cloud Storage backend (gcsfs)
+        "gcs": ["etils[epath-gcs]"],  # Hugging Face checkpoints
         # accelerators (README, "Real models, meshes and pods"): the jax wheels
         # with their backend; never installed by the tests
         "cuda": ["jax[cuda12]>=0.6"],  # NVIDIA GPUs (CUDA 12 from pip wheels)

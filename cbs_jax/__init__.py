@@ -1,7 +1,7 @@
 """cbs_jax: the critical batch size of LLM policy optimization.
 
 Import direction (one way, no cycles; each module imports only lower floors):
-  stats, checkpoint, controller, lr_rules, batch_law
+  paths, stats, checkpoint, metrics, controller, lr_rules, batch_law
   model -> scoring -> objective (with rl) -> ghost -> gradstats
   noise -> noise_stats -> noise_tracker;  drift
   sampling -> rollouts -> evaluation;  config (validation)
