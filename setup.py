@@ -1,11 +1,14 @@
 """cbs_jax: critical batch size of LLM policy optimization, in JAX/Flax."""
+
 import setuptools
 
 setuptools.setup(
     name="cbs_jax",
     version="0.1.0",
-    description=("Measure gradient noise and the critical batch size of "
-                 "GRPO/PPO policy optimization for LLMs (JAX, Flax NNX)."),
+    description=(
+        "Measure gradient noise and the critical batch size of "
+        "GRPO/PPO policy optimization for LLMs (JAX, Flax NNX)."
+    ),
     packages=setuptools.find_packages(include=["cbs_jax", "cbs_jax.*", "configs"]),
     package_data={"cbs_jax.tasks": ["data/*.jsonl"]},
     python_requires=">=3.10",
@@ -24,9 +27,14 @@ setuptools.setup(
         "matplotlib>=3.7",
     ],
     extras_require={
-        "test": ["pytest>=7", "pytest-xdist>=3", "hypothesis>=6.80",
-                 "tokenizers>=0.15", "safetensors>=0.4",
-                 "pyink==26.5.1"],  # the formatter (pyproject.toml), pinned: same output
+        "test": [
+            "pytest>=7",
+            "pytest-xdist>=3",
+            "hypothesis>=6.80",
+            "tokenizers>=0.15",
+            "safetensors>=0.4",
+            "pyink==26.5.1",
+        ],  # the formatter (pyproject.toml), pinned: same output
         "hf": ["tokenizers>=0.15", "safetensors>=0.4"],
         # gs:// workdirs (TPU VMs): epath's Cloud Storage backend (gcsfs)
         "gcs": ["etils[epath-gcs]"],  # Hugging Face checkpoints
@@ -39,7 +47,11 @@ setuptools.setup(
         # a 2.13 release: where the 2.13.0 CPU wheel is on find-links (this machine
         # kind) pip takes it (~1.2 GB installed, ~1-2 min); a newer torch pulls
         # its CUDA libraries (~5.6 GB) even on CPU. transformers >= 4.51 has Qwen3.
-        "parity": ["torch>=2.4,<2.14", "transformers>=4.51", "tokenizers>=0.15",
-                   "safetensors>=0.4"],
+        "parity": [
+            "torch>=2.4,<2.14",
+            "transformers>=4.51",
+            "tokenizers>=0.15",
+            "safetensors>=0.4",
+        ],
     },
 )

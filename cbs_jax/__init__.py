@@ -9,4 +9,5 @@ Import direction (one way, no cycles; each module imports only lower floors):
   train -> main, measure, sweep -> study -> study_report, study_runner
   systems -> probes -> plan;  plots, report
 """
+
 __version__ = "0.1.0"

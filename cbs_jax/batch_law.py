@@ -8,6 +8,7 @@ interval of the ratio of two such fits' B_crit (e.g. off- over on-policy);
 B_noise into the ratio B_crit / B_noise that the adaptive controller's
 b_crit signal applies (``cbs_jax.controller``).
 """
+
 from __future__ import annotations
 
 import math
@@ -27,7 +28,7 @@ def steps_to_target(steps, values, target: float) -> float | None:
     if v >= target:
       if prev is None or prev[1] >= target:
         return float(s)
-      (s0, v0) = prev
+      s0, v0 = prev
       return float(s0 + (target - v0) * (s - s0) / (v - v0))
     prev = (s, v)
   return None
@@ -42,8 +43,16 @@ def _b_crit(a, b):
   return b / a if a > 0 else math.inf
 
 
-def fit_critical_batch(batch_sizes, steps, seeds=None, *, level: float = 0.9,
-                       n_boot: int = 2000, seed: int = 0, min_points: int = 3) -> dict:
+def fit_critical_batch(
+    batch_sizes,
+    steps,
+    seeds=None,
+    *,
+    level: float = 0.9,
+    n_boot: int = 2000,
+    seed: int = 0,
+    min_points: int = 3,
+) -> dict:
   """Fit S(N) = S_min (1 + B_crit / N) (McCandlish et al. 2018) to steps-to-
   target, seeds as replicates, with bootstrap intervals.
 
@@ -84,16 +93,20 @@ def fit_critical_batch(batch_sizes, steps, seeds=None, *, level: float = 0.9,
     for N in np.unique(n_all):
       k = len({sd for sd, n in zip(seeds, n_all) if n == N})
       if k < min_points:
-        raise ValueError(f"batch size N={N:g} has {k} seed(s): a fit with seeds as "
-                         f"replicates needs at least {min_points} per batch size")
+        raise ValueError(
+            f"batch size N={N:g} has {k} seed(s): a fit with seeds as "
+            f"replicates needs at least {min_points} per batch size"
+        )
   censored = sorted({float(N) for N, v in zip(n_all, s_all) if not np.isfinite(v)})
   keep = ~np.isin(n_all, censored)
   n, s = n_all[keep], s_all[keep]
   distinct = np.unique(n)
   if distinct.size < min_points:
-    raise ValueError(f"need steps-to-target at >= {min_points} distinct batch sizes that "
-                     f"reached the target, got {distinct.tolist()} "
-                     f"(not reached at: {censored})")
+    raise ValueError(
+        f"need steps-to-target at >= {min_points} distinct batch sizes that "
+        f"reached the target, got {distinct.tolist()} "
+        f"(not reached at: {censored})"
+    )
   mean_at = {N: float(np.mean(s[n == N])) for N in distinct}
   w = np.array([1.0 / mean_at[N] ** 2 for N in n])
   a, b = _fit_ab(n, s, w)
@@ -113,15 +126,35 @@ def fit_critical_batch(batch_sizes, steps, seeds=None, *, level: float = 0.9,
   e_lo, e_hi = stats.percentile_ci(e_boot, level)
   degenerate = not (a > 0 and b > 0)
   resolved = (not degenerate) and lo >= distinct.min() and hi <= distinct.max()
-  why = ("degenerate fit (S_min <= 0 or B_crit <= 0)" if degenerate else
-         f"B_crit interval [{lo:.4g}, {hi:.4g}] leaves the swept range "
-         f"[{distinct.min():g}, {distinct.max():g}]" if not resolved else "")
-  return dict(S_min=float(a), B_crit=float(B), E_min=float(b) if a > 0 else math.nan,
-              S_min_lo=s_lo, S_min_hi=s_hi, B_crit_lo=lo, B_crit_hi=hi,
-              E_min_lo=e_lo, E_min_hi=e_hi, level=level, r2=r2,
-              resolved=bool(resolved), verdict="resolved" if resolved else "unresolved",
-              why=why, n_min=float(distinct.min()), n_max=float(distinct.max()),
-              censored=censored, points=int(n.size), boot_B_crit=b_boot)
+  why = (
+      "degenerate fit (S_min <= 0 or B_crit <= 0)"
+      if degenerate
+      else f"B_crit interval [{lo:.4g}, {hi:.4g}] leaves the swept range "
+      f"[{distinct.min():g}, {distinct.max():g}]"
+      if not resolved
+      else ""
+  )
+  return dict(
+      S_min=float(a),
+      B_crit=float(B),
+      E_min=float(b) if a > 0 else math.nan,
+      S_min_lo=s_lo,
+      S_min_hi=s_hi,
+      B_crit_lo=lo,
+      B_crit_hi=hi,
+      E_min_lo=e_lo,
+      E_min_hi=e_hi,
+      level=level,
+      r2=r2,
+      resolved=bool(resolved),
+      verdict="resolved" if resolved else "unresolved",
+      why=why,
+      n_min=float(distinct.min()),
+      n_max=float(distinct.max()),
+      censored=censored,
+      points=int(n.size),
+      boot_B_crit=b_boot,
+  )
 
 
 def bootstrap_ratio_interval(boot_num, boot_den, level: float = 0.9) -> tuple[float, float]:
@@ -136,8 +169,7 @@ def bootstrap_ratio_interval(boot_num, boot_den, level: float = 0.9) -> tuple[fl
   return stats.percentile_ci(np.where(b[:m] > 0, r, math.inf), level)
 
 
-def calibration_from_fits(doc: dict, target: float, study: str = "on",
-                          z: float = 2.0) -> dict:
+def calibration_from_fits(doc: dict, target: float, study: str = "on", z: float = 2.0) -> dict:
   """B_crit / B_noise from an on-policy study's ``_fits.json`` (``study.
   save_fits``: ``{study: {target: fit}, "noise": [measured rows]}``).
 
@@ -155,9 +187,14 @@ def calibration_from_fits(doc: dict, target: float, study: str = "on",
     raise ValueError(f"study {study!r} has no fit at target {target} (have {sorted(fits)})")
   if "error" in fit:
     raise ValueError(f"study {study!r} at target {target}: no fit ({fit['error']})")
-  rows = [r for r in doc.get("noise", [])
-          if r.get("b_noise") is not None and math.isfinite(r["b_noise"])
-          and r.get("b_noise_se") is not None and r["b_noise_se"] > 0]
+  rows = [
+      r
+      for r in doc.get("noise", [])
+      if r.get("b_noise") is not None
+      and math.isfinite(r["b_noise"])
+      and r.get("b_noise_se") is not None
+      and r["b_noise_se"] > 0
+  ]
   if not rows:
     raise ValueError("the fits file holds no measured B_noise (its 'noise' rows)")
   w = np.array([1.0 / r["b_noise_se"] ** 2 for r in rows])
@@ -165,6 +202,15 @@ def calibration_from_fits(doc: dict, target: float, study: str = "on",
   se = float(1.0 / math.sqrt(np.sum(w)))
   B, B_lo, B_hi = float(fit["B_crit"]), float(fit["B_crit_lo"]), float(fit["B_crit_hi"])
   low_b = b - z * se
-  return dict(ratio=B / b, lo=B_lo / (b + z * se), hi=B_hi / low_b if low_b > 0 else math.inf,
-              b_crit=B, b_crit_lo=B_lo, b_crit_hi=B_hi, b_noise=b, b_noise_se=se,
-              target=float(target), resolved=bool(fit.get("resolved", False)))
+  return dict(
+      ratio=B / b,
+      lo=B_lo / (b + z * se),
+      hi=B_hi / low_b if low_b > 0 else math.inf,
+      b_crit=B,
+      b_crit_lo=B_lo,
+      b_crit_hi=B_hi,
+      b_noise=b,
+      b_noise_se=se,
+      target=float(target),
+      resolved=bool(fit.get("resolved", False)),
+  )

@@ -21,6 +21,7 @@ orbax opens it through ``etils.epath`` and commits a step there with a
 commit-success file instead of a rename. Only a local directory is made
 absolute, created and checked for write access here.
 """
+
 from __future__ import annotations
 
 import os
@@ -35,7 +36,7 @@ from cbs_jax import paths
 
 
 def _is_local(x) -> bool:
-  return (jax.process_count() > 1 and isinstance(x, jax.Array) and x.is_fully_addressable)
+  return jax.process_count() > 1 and isinstance(x, jax.Array) and x.is_fully_addressable
 
 
 def _globalize(x):
@@ -45,8 +46,7 @@ def _globalize(x):
     return x
   mesh = jax.sharding.Mesh(np.array(jax.devices()), ("all",))
   host = np.asarray(x)
-  return jax.make_array_from_callback(host.shape, NamedSharding(mesh, PS()),
-                                      lambda idx: host[idx])
+  return jax.make_array_from_callback(host.shape, NamedSharding(mesh, PS()), lambda idx: host[idx])
 
 
 def _abstract(x):
@@ -73,7 +73,9 @@ class Checkpointer:
     self._mgr = ocp.CheckpointManager(
         directory,
         options=ocp.CheckpointManagerOptions(
-            max_to_keep=max_to_keep, enable_async_checkpointing=False, create=True))
+            max_to_keep=max_to_keep, enable_async_checkpointing=False, create=True
+        ),
+    )
 
   def latest_step(self) -> int | None:
     return self._mgr.latest_step()
@@ -83,44 +85,65 @@ class Checkpointer:
     try:
       return self._mgr.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
     except Exception as e:  # corrupted or truncated metadata
-      raise CheckpointError(f"checkpoint {self.directory}/{step} has unreadable "
-                            f"metadata ({type(e).__name__}: {e})") from e
+      raise CheckpointError(
+          f"checkpoint {self.directory}/{step} has unreadable "
+          f"metadata ({type(e).__name__}: {e})"
+      ) from e
 
   def check_model(self, model_config: dict, step: int | None = None) -> None:
     """Raise CheckpointError if the stored model config differs from ours."""
     from cbs_jax import model as model_lib  # pylint: disable=import-outside-toplevel
+
     stored = self.read_meta(step).get("model", {})
     # a field the model gained after this checkpoint was written means its
     # default there (the model it wrote had none of it)
     defaults = model_lib.default_config().to_dict()
     stored = {**{k: v for k, v in defaults.items() if k not in stored}, **stored}
-    diff = sorted(k for k in set(stored) | set(model_config)
-                  if stored.get(k) != model_config.get(k))
+    diff = sorted(
+        k for k in set(stored) | set(model_config) if stored.get(k) != model_config.get(k)
+    )
     if diff:
-      detail = ", ".join(f"model.{k}: checkpoint {stored.get(k)!r} vs config "
-                         f"{model_config.get(k)!r}" for k in diff)
+      detail = ", ".join(
+          f"model.{k}: checkpoint {stored.get(k)!r} vs config " f"{model_config.get(k)!r}"
+          for k in diff
+      )
       raise CheckpointError(
           f"{self.directory} holds a checkpoint of a different model ({detail}); "
-          "use another workdir or the matching config (nothing was changed)")
+          "use another workdir or the matching config (nothing was changed)"
+      )
 
   def save(self, step: int, state, meta: dict) -> None:
-    self._mgr.save(step, args=ocp.args.Composite(
-        state=ocp.args.StandardSave(jax.tree.map(_globalize, state)),
-        meta=ocp.args.JsonSave(meta)), force=True)
+    self._mgr.save(
+        step,
+        args=ocp.args.Composite(
+            state=ocp.args.StandardSave(jax.tree.map(_globalize, state)),
+            meta=ocp.args.JsonSave(meta),
+        ),
+        force=True,
+    )
     self._mgr.wait_until_finished()
 
   def restore(self, step: int, like):
     """Restore ``state`` shaped like ``like`` and ``meta`` at ``step``."""
     abstract = jax.tree.map(_abstract, like)
     try:
-      out = self._mgr.restore(step, args=ocp.args.Composite(
-          state=ocp.args.StandardRestore(abstract), meta=ocp.args.JsonRestore()))
+      out = self._mgr.restore(
+          step,
+          args=ocp.args.Composite(
+              state=ocp.args.StandardRestore(abstract), meta=ocp.args.JsonRestore()
+          ),
+      )
     except Exception as e:
-      raise CheckpointError(f"checkpoint {self.directory}/{step} could not be "
-                            f"restored ({type(e).__name__}: {e})") from e
+      raise CheckpointError(
+          f"checkpoint {self.directory}/{step} could not be " f"restored ({type(e).__name__}: {e})"
+      ) from e
     state = jax.tree.map(  # process-local again where ``like`` was
         lambda x, l: jax.device_put(np.asarray(x.addressable_data(0)), l.sharding)
-        if _is_local(l) else x, out["state"], like)
+        if _is_local(l)
+        else x,
+        out["state"],
+        like,
+    )
     return state, out["meta"]
 
   def close(self):

@@ -6,6 +6,7 @@
 changes. ``buckets`` is also what ``config.validate`` checks the starting
 batch against.
 """
+
 from __future__ import annotations
 
 import math
@@ -44,8 +45,9 @@ import math
 SIGNALS = ("b_noise", "b_noise_adam", "b_crit")
 
 
-def signal_interval(kind: str, raw: dict, adam: dict | None = None,
-                    b_crit_ratio: float = 0.0) -> dict:
+def signal_interval(
+    kind: str, raw: dict, adam: dict | None = None, b_crit_ratio: float = 0.0
+) -> dict:
   """The controller's signal (rollouts) and its interval from the trackers'
   intervals (``noise_tracker.NoiseEMA.interval``: dicts with b_noise, se, lo, hi,
   resolved): ``raw`` for b_noise and b_crit (times ``b_crit_ratio``),
@@ -58,15 +60,22 @@ def signal_interval(kind: str, raw: dict, adam: dict | None = None,
       raise ValueError("adaptive_signal='b_noise_adam' needs the tracker in Adam's metric")
     src = adam
   elif kind == "b_crit":
-    if not (isinstance(b_crit_ratio, (int, float)) and math.isfinite(b_crit_ratio)
-            and b_crit_ratio > 0):
-      raise ValueError(f"adaptive_signal='b_crit' needs adaptive_b_crit_ratio > 0 (B_crit / "
-                       f"B_noise from an on-policy study), got {b_crit_ratio!r}")
+    if not (
+        isinstance(b_crit_ratio, (int, float)) and math.isfinite(b_crit_ratio) and b_crit_ratio > 0
+    ):
+      raise ValueError(
+          f"adaptive_signal='b_crit' needs adaptive_b_crit_ratio > 0 (B_crit / "
+          f"B_noise from an on-policy study), got {b_crit_ratio!r}"
+      )
     scale = float(b_crit_ratio)
   mul = lambda v: v * scale if v is not None and math.isfinite(v) else v
-  return dict(value=mul(float(src["b_noise"])), se=mul(float(src["se"])),
-              lo=mul(float(src["lo"])), hi=mul(float(src["hi"])),
-              resolved=bool(src["resolved"]))
+  return dict(
+      value=mul(float(src["b_noise"])),
+      se=mul(float(src["se"])),
+      lo=mul(float(src["lo"])),
+      hi=mul(float(src["hi"])),
+      resolved=bool(src["resolved"]),
+  )
 
 
 def buckets(min_prompts: int, max_prompts: int) -> list[int]:
@@ -74,7 +83,7 @@ def buckets(min_prompts: int, max_prompts: int) -> list[int]:
   (j = 0, 1, ...). ValueError unless 0 < min_prompts <= max_prompts."""
   if min_prompts <= 0 or max_prompts < min_prompts:
     raise ValueError(f"need 0 < min_prompts <= max_prompts, got {min_prompts}, {max_prompts}")
-  return [min_prompts * 2 ** j for j in range(64) if min_prompts * 2 ** j <= max_prompts]
+  return [min_prompts * 2**j for j in range(64) if min_prompts * 2**j <= max_prompts]
 
 
 class AdaptiveBatch:
@@ -102,8 +111,16 @@ class AdaptiveBatch:
   choices).
   """
 
-  def __init__(self, K: int, min_prompts: int, max_prompts: int, factor: float = 1.0,
-               every: int = 10, prompts: int | None = None, hysteresis: float = 1.25):
+  def __init__(
+      self,
+      K: int,
+      min_prompts: int,
+      max_prompts: int,
+      factor: float = 1.0,
+      every: int = 10,
+      prompts: int | None = None,
+      hysteresis: float = 1.25,
+  ):
     if not (isinstance(K, int) and K >= 1):
       raise ValueError(f"K={K!r} (rollouts per prompt) must be a positive integer")
     self.buckets = buckets(min_prompts, max_prompts)  # ValueError naming bad bounds
@@ -116,8 +133,10 @@ class AdaptiveBatch:
     self.K, self.factor, self.every, self.hysteresis = K, factor, every, hysteresis
     start = self.buckets[0] if prompts is None else prompts
     if start not in self.buckets:
-      raise ValueError(f"starting prompts={start} is not a bucket {self.buckets} "
-                       f"(min_prompts * 2^j <= max_prompts)")
+      raise ValueError(
+          f"starting prompts={start} is not a bucket {self.buckets} "
+          f"(min_prompts * 2^j <= max_prompts)"
+      )
     self.prompts = start
     self.changes = 0
     self.target = math.nan  # prompts the last signal asked for (before bucketing)
@@ -158,9 +177,11 @@ class AdaptiveBatch:
   def load_state_dict(self, state: dict) -> None:
     saved = state.get("buckets")
     if saved is not None and [int(b) for b in saved] != self.buckets:
-      raise ValueError(f"the checkpoint's adaptive buckets {list(saved)} differ from this "
-                       f"config's {self.buckets} (config.batch.adaptive_min_prompts / "
-                       "adaptive_max_prompts changed since the run started)")
+      raise ValueError(
+          f"the checkpoint's adaptive buckets {list(saved)} differ from this "
+          f"config's {self.buckets} (config.batch.adaptive_min_prompts / "
+          "adaptive_max_prompts changed since the run started)"
+      )
     p = int(state["prompts"])
     if p not in self.buckets:
       raise ValueError(f"the checkpoint's adaptive prompts={p} is not a bucket {self.buckets}")

@@ -21,6 +21,7 @@ log-prob rows at each probe position; the character vocabularies here make
 that cheap). Those are logged as ``heldout_*``; the in-minibatch ones keep
 their plain names, for comparison.
 """
+
 from __future__ import annotations
 
 import math
@@ -32,8 +33,17 @@ from jax.scipy.special import logsumexp
 
 from cbs_jax import stats
 
-DRIFT_KEYS = ("kappa_k1", "kappa_k3", "ratio_mean", "ratio_max", "ratio_min",
-              "clip_frac_low", "clip_frac_high", "ess", "seq_ess")
+DRIFT_KEYS = (
+    "kappa_k1",
+    "kappa_k3",
+    "ratio_mean",
+    "ratio_max",
+    "ratio_min",
+    "clip_frac_low",
+    "clip_frac_high",
+    "ess",
+    "seq_ess",
+)
 
 
 def _ess_from_log_weights(logw, valid):
@@ -55,9 +65,14 @@ def _ess_from_log_weights(logw, valid):
   return jnp.where(n > 0, ess, 1.0)
 
 
-def drift_stats(logp_behaviour_BxT, logp_current_BxT, mask_BxT,
-                clip_eps_low: float = 0.2, clip_eps_high: float = 0.2,
-                adv_BxT=None) -> dict:
+def drift_stats(
+    logp_behaviour_BxT,
+    logp_current_BxT,
+    mask_BxT,
+    clip_eps_low: float = 0.2,
+    clip_eps_high: float = 0.2,
+    adv_BxT=None,
+) -> dict:
   """Drift statistics on the rollout tokens (token-mean over ``mask``).
 
   With ``k1 = logp_b - logp_cur`` and ``r = exp(-k1) = pi_cur / pi_b`` on
@@ -83,8 +98,7 @@ def drift_stats(logp_behaviour_BxT, logp_current_BxT, mask_BxT,
   """
   lb = jnp.asarray(logp_behaviour_BxT)
   lc = jnp.asarray(logp_current_BxT)
-  dtype = jnp.promote_types(jnp.promote_types(lb.dtype, lc.dtype),
-                            jnp.float32)
+  dtype = jnp.promote_types(jnp.promote_types(lb.dtype, lc.dtype), jnp.float32)
   lb, lc = lb.astype(dtype), lc.astype(dtype)
   mask = jnp.asarray(mask_BxT).astype(dtype)
   valid = mask > 0
@@ -93,8 +107,8 @@ def drift_stats(logp_behaviour_BxT, logp_current_BxT, mask_BxT,
   has_any = n > 0
 
   k1 = jnp.where(valid, lb - lc, 0.0)
-  ratio = jnp.exp(-k1)                       # 1 on padding
-  k3 = jnp.expm1(-k1) + k1                   # 0 on padding
+  ratio = jnp.exp(-k1)  # 1 on padding
+  k3 = jnp.expm1(-k1) + k1  # 0 on padding
   mean = lambda x: jnp.sum(x * mask) / n_safe
 
   low = ratio < 1.0 - clip_eps_low
@@ -107,10 +121,8 @@ def drift_stats(logp_behaviour_BxT, logp_current_BxT, mask_BxT,
   high = (high & valid).astype(dtype)
 
   zero = jnp.zeros((), dtype)
-  ratio_max = jnp.where(has_any, jnp.max(jnp.where(valid, ratio, -jnp.inf)),
-                        zero)
-  ratio_min = jnp.where(has_any, jnp.min(jnp.where(valid, ratio, jnp.inf)),
-                        zero)
+  ratio_max = jnp.where(has_any, jnp.max(jnp.where(valid, ratio, -jnp.inf)), zero)
+  ratio_min = jnp.where(has_any, jnp.min(jnp.where(valid, ratio, jnp.inf)), zero)
 
   log_ratio = -k1
   seq_log_w = jnp.sum(log_ratio * mask, axis=1)
@@ -166,10 +178,12 @@ def fit_trend(kappa, y, se=None, alpha: float = 0.05) -> dict:
     e = e[ok]
   x, y = x[ok], y[ok]
   if x.size < 4 or np.unique(x).size < 3:
-    raise ValueError(f"a linear-vs-quadratic comparison needs >= 4 finite points at >= 3 "
-                     f"distinct kappa, got {x.size} points at {np.unique(x).size}")
+    raise ValueError(
+        f"a linear-vs-quadratic comparison needs >= 4 finite points at >= 3 "
+        f"distinct kappa, got {x.size} points at {np.unique(x).size}"
+    )
   X = np.stack([np.ones_like(x), x, x * x], axis=1)
-  fits = [stats.wls(X[:, :d + 1], y, e) for d in range(3)]
+  fits = [stats.wls(X[:, : d + 1], y, e) for d in range(3)]
   lin = stats.compare_nested(fits[0], fits[1])
   quad = stats.compare_nested(fits[1], fits[2])
   verdict = "flat"
@@ -177,13 +191,18 @@ def fit_trend(kappa, y, se=None, alpha: float = 0.05) -> dict:
     verdict = "linear"
   if quad["p_value"] < alpha:
     verdict = "quadratic"
-  w = np.ones_like(y) if e is None else 1.0 / e ** 2
+  w = np.ones_like(y) if e is None else 1.0 / e**2
   ss_tot = float(np.sum(w * (y - np.average(y, weights=w)) ** 2))
   r2 = lambda f: 1.0 - f.chi2 / ss_tot if ss_tot > 0 else math.nan
-  out = dict(n=int(x.size), weighted=e is not None, verdict=verdict,
-             p_linear=lin["p_value"], p_quadratic=quad["p_value"],
-             daic_linear=lin["delta_aic"], daic_quadratic=quad["delta_aic"])
+  out = dict(
+      n=int(x.size),
+      weighted=e is not None,
+      verdict=verdict,
+      p_linear=lin["p_value"],
+      p_quadratic=quad["p_value"],
+      daic_linear=lin["delta_aic"],
+      daic_quadratic=quad["delta_aic"],
+  )
   for name, f in zip(("const", "linear", "quadratic"), fits):
-    out[name] = dict(coef=f.coef.tolist(), se=f.se.tolist(), r2=r2(f),
-                     reduced_chi2=f.reduced_chi2)
+    out[name] = dict(coef=f.coef.tolist(), se=f.se.tolist(), r2=r2(f), reduced_chi2=f.reduced_chi2)
   return out

@@ -21,6 +21,7 @@ zeros and "-0"; see each task's ``accepted_completions``). The sequences of
 all problems are flattened into fixed-size chunks and scored by one jitted
 function; ``ExpectedPass`` builds the token arrays once per eval set.
 """
+
 from __future__ import annotations
 
 from typing import Sequence
@@ -46,19 +47,30 @@ class ExpectedPass:
   Raises ValueError naming the task when it cannot enumerate its answers.
   """
 
-  def __init__(self, task: Task, tok: Tokenizer, problems: Sequence[Problem],
-               layout: rollouts.Layout, spec: scoring.SamplingSpec, chunk: int = 1024):
+  def __init__(
+      self,
+      task: Task,
+      tok: Tokenizer,
+      problems: Sequence[Problem],
+      layout: rollouts.Layout,
+      spec: scoring.SamplingSpec,
+      chunk: int = 1024,
+  ):
     if not getattr(task, "enumerable", False):
-      raise ValueError(f"task {task.name!r} cannot enumerate its accepted completions: "
-                       "eval_expected_pass is unavailable (use the sampled pass rate, "
-                       "config.train.eval_expected=False)")
+      raise ValueError(
+          f"task {task.name!r} cannot enumerate its accepted completions: "
+          "eval_expected_pass is unavailable (use the sampled pass rate, "
+          "config.train.eval_expected=False)"
+      )
     Tc = layout.completion_len
     owner, comps = [], []
     for i, p in enumerate(problems):
       for s in task.accepted_completions(p, Tc):
         if task.verify(p, s) != 1.0:  # cheap guard: a subclass changed the verifier
-          raise ValueError(f"task {task.name!r} enumerates {s!r} for prompt {p.prompt!r}, "
-                           "which its verifier rejects: set enumerable = False")
+          raise ValueError(
+              f"task {task.name!r} enumerates {s!r} for prompt {p.prompt!r}, "
+              "which its verifier rejects: set enumerable = False"
+          )
         ids = tok.encode(s)
         if len(ids) < Tc:
           ids = ids + [tok.eos_id]
@@ -75,24 +87,30 @@ class ExpectedPass:
     comp = np.full((R, Tc), tok.pad_id, np.int32)
     cmask = np.zeros((R, Tc), np.float32)
     for r, ids in enumerate(comps):
-      comp[r, :len(ids)] = ids
-      cmask[r, :len(ids)] = 1.0
+      comp[r, : len(ids)] = ids
+      cmask[r, : len(ids)] = 1.0
     rows = np.zeros(R, np.int64)
-    rows[:len(owner)] = owner
+    rows[: len(owner)] = owner
     self._prompt, self._pmask = prompt[rows], pmask[rows]
     self._comp, self._cmask, self.chunk = comp, cmask, chunk
-    self._fn = jax.jit(lambda gd, p, pr, pm, c, cm: jnp.sum(scoring.score(
-        gd, p, pr, pm, c, cm, spec).logprobs, axis=-1),
-        static_argnums=(0,))
+    self._fn = jax.jit(
+        lambda gd, p, pr, pm, c, cm: jnp.sum(
+            scoring.score(gd, p, pr, pm, c, cm, spec).logprobs, axis=-1
+        ),
+        static_argnums=(0,),
+    )
 
   def sequence_logprobs(self, graphdef, params) -> np.ndarray:
     """log P(sequence) of every enumerated accepted sequence (problem order)."""
     out = []
     for i in range(0, len(self._comp), self.chunk):
       sl = slice(i, i + self.chunk)
-      out.append(self._fn(graphdef, params, self._prompt[sl], self._pmask[sl],
-                          self._comp[sl], self._cmask[sl]))
-    return np.concatenate(jax.device_get(out))[:self.num_sequences]
+      out.append(
+          self._fn(
+              graphdef, params, self._prompt[sl], self._pmask[sl], self._comp[sl], self._cmask[sl]
+          )
+      )
+    return np.concatenate(jax.device_get(out))[: self.num_sequences]
 
   def per_problem(self, graphdef, params) -> np.ndarray:
     """E[pass@1] of each problem (the sum of its accepted sequences' probabilities)."""

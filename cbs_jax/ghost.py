@@ -36,6 +36,7 @@ KL penalty and PPO's value loss). Per-rollout statistics in Adam's metric
 (``gradstats.group_moments(metric=...)``) do not factor this way and stay on
 the vmap path.
 """
+
 from __future__ import annotations
 
 import jax
@@ -62,8 +63,7 @@ def _tapped(graphdef, params, tokens, positions, mask, perturbations=None):
   return nnx.capture(fwd, nnx.Intermediate, init=perturbations)(m)
 
 
-def tap_gradients(params, graphdef, batch, rl_spec: rl.RLSpec,
-                  sampling_spec: scoring.SamplingSpec):
+def tap_gradients(params, graphdef, batch, rl_spec: rl.RLSpec, sampling_spec: scoring.SamplingSpec):
   """One forward + backward of the batch loss with respect to the taps.
 
   Returns ``(tokens_BxT, dy, xs, loss)``: ``dy`` maps a parameter-use path
@@ -72,15 +72,17 @@ def tap_gradients(params, graphdef, batch, rl_spec: rl.RLSpec,
   its input, both with leading [B, T]."""
   counts = objective.counts_of(batch)
   tokens, positions, mask = scoring.teacher_forcing_inputs(
-      batch["prompt"], batch["prompt_mask"], batch["completion"], batch["completion_mask"])
+      batch["prompt"], batch["prompt_mask"], batch["completion"], batch["completion_mask"]
+  )
   shapes = jax.eval_shape(lambda p: _tapped(graphdef, p, tokens, positions, mask)[1], params)
   zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
   Tp = batch["prompt"].shape[1]
 
   def loss(pert):
     out, inter = _tapped(graphdef, params, tokens, positions, mask, pert)
-    sc = scoring.score_from_output(out, Tp, batch["completion"], batch["completion_mask"],
-                                   sampling_spec)
+    sc = scoring.score_from_output(
+        out, Tp, batch["completion"], batch["completion_mask"], sampling_spec
+    )
     L_B, _ = objective.policy_losses(sc.logprobs, batch, counts, rl_spec, sc.values)
     L = jnp.sum(L_B)
     return L, (inter, L)
@@ -114,8 +116,10 @@ def _uses(path, tokens, dy, xs):
       uses.append(("dense", f32(dy[("embed_head",)]), f32(xs[("embed_head_in",)])))
     return uses
   if path not in dy:
-    raise ValueError(f"parameter {'/'.join(map(str, path))} has no ghost-norm tap "
-                     "(model.Tapped); use gradstats.group_moments for this model")
+    raise ValueError(
+        f"parameter {'/'.join(map(str, path))} has no ghost-norm tap "
+        "(model.Tapped); use gradstats.group_moments for this model"
+    )
   if name in _BIASES:
     return [("bias", None, f32(dy[path]))]
   x = f32(xs[mod + (name + "_in",)])
@@ -143,8 +147,7 @@ def _group_grads(uses, G: int, shape) -> Array:
     elif kind == "ids":
       ids, bb = _rows(a, G, False), _rows(b, G)
       V = shape[0]
-      g = jnp.zeros((G, V, bb.shape[-1]), jnp.float32).at[
-          jnp.arange(G)[:, None], ids].add(bb)
+      g = jnp.zeros((G, V, bb.shape[-1]), jnp.float32).at[jnp.arange(G)[:, None], ids].add(bb)
     elif kind == "diag":
       D = a.shape[-1]
       g = jnp.sum((a * b).reshape(G, -1, D), axis=1)
@@ -177,10 +180,12 @@ def _group_sqnorms(uses, G: int, shape, form: str = "auto") -> Array:
   kinds = {k for k, _, _ in uses}
   B, T = uses[0][2].shape[:2]
   L = (B * T) // G
-  width = sum((1 if k == "ids" else a.reshape(B, T, -1).shape[-1])
-              + b.reshape(B, T, -1).shape[-1] for k, a, b in uses if k in ("dense", "ids"))
-  if kinds & {"diag", "bias"} or form == "materialize" or (
-      form == "auto" and size <= L * width):
+  width = sum(
+      (1 if k == "ids" else a.reshape(B, T, -1).shape[-1]) + b.reshape(B, T, -1).shape[-1]
+      for k, a, b in uses
+      if k in ("dense", "ids")
+  )
+  if kinds & {"diag", "bias"} or form == "materialize" or (form == "auto" and size <= L * width):
     g = _group_grads(uses, G, shape).reshape(G, -1)
     return jnp.sum(g * g, axis=-1)
   out = 0.0
@@ -197,8 +202,16 @@ def _group_sqnorms(uses, G: int, shape, form: str = "auto") -> Array:
 FORMS = ("auto", "gram", "materialize")
 
 
-def moments_and_grad(params, graphdef, batch, P: int, K: int, rl_spec: rl.RLSpec,
-                     sampling_spec: scoring.SamplingSpec, form: str = "auto"):
+def moments_and_grad(
+    params,
+    graphdef,
+    batch,
+    P: int,
+    K: int,
+    rl_spec: rl.RLSpec,
+    sampling_spec: scoring.SamplingSpec,
+    form: str = "auto",
+):
   """``(GroupMoments, grad, loss)`` from one forward + backward: the moments
   of ``gradstats.group_moments`` (arrays with a leading per-leaf axis, leaves
   in ``jax.tree.leaves(params)`` order), the batch gradient (= mean of the
@@ -221,19 +234,31 @@ def moments_and_grad(params, graphdef, batch, P: int, K: int, rl_spec: rl.RLSpec
   sq, msq, bsq, grads = [], [], [], []
   for path, leaf in zip(_param_paths(params), leaves):
     uses = _uses(path, tokens, dy, xs)
-    per_rollout = _group_sqnorms(uses, N, leaf.shape, form)        # |grad L_i|^2
+    per_rollout = _group_sqnorms(uses, N, leaf.shape, form)  # |grad L_i|^2
     sq.append((N * N) * per_rollout.reshape(P, K).sum(-1))
     msq.append(((N / K) ** 2) * _group_sqnorms(uses, P, leaf.shape, form))
-    g = _group_grads(uses, 1, leaf.shape)[0]                        # grad L
+    g = _group_grads(uses, 1, leaf.shape)[0]  # grad L
     bsq.append(jnp.sum(g * g))
     grads.append(g.astype(leaf.dtype))
-  moments = noise.GroupMoments(sum_sqnorm_P=jnp.stack(sq), mean_sqnorm_P=jnp.stack(msq),
-                               batch_mean_sqnorm=jnp.stack(bsq), K=K)
+  moments = noise.GroupMoments(
+      sum_sqnorm_P=jnp.stack(sq),
+      mean_sqnorm_P=jnp.stack(msq),
+      batch_mean_sqnorm=jnp.stack(bsq),
+      K=K,
+  )
   return moments, jax.tree.unflatten(treedef, grads), loss
 
 
-def group_moments(params, graphdef, batch, P: int, K: int, rl_spec: rl.RLSpec,
-                  sampling_spec: scoring.SamplingSpec, form: str = "auto") -> noise.GroupMoments:
+def group_moments(
+    params,
+    graphdef,
+    batch,
+    P: int,
+    K: int,
+    rl_spec: rl.RLSpec,
+    sampling_spec: scoring.SamplingSpec,
+    form: str = "auto",
+) -> noise.GroupMoments:
   """Exact per-rollout ``noise.GroupMoments`` (as ``gradstats.group_moments``,
   without a metric) from one forward + backward; see the module doc."""
   return moments_and_grad(params, graphdef, batch, P, K, rl_spec, sampling_spec, form)[0]

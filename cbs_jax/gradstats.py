@@ -16,6 +16,7 @@ parameter group (embeddings, attention, MLP, norms, head):
 Batches are dicts of arrays with leading dim B = P*K, prompt-major (rollout
 b = p*K + k); ``objective.rollout_losses`` supplies the per-rollout terms.
 """
+
 from __future__ import annotations
 
 import jax
@@ -48,8 +49,7 @@ def param_group(path: str) -> str:
 
 def leaf_paths(params) -> list[str]:
   flat, _ = jax.tree_util.tree_flatten_with_path(params)
-  return ["/".join(str(getattr(k, "key", getattr(k, "idx", k))) for k in p)
-          for p, _ in flat]
+  return ["/".join(str(getattr(k, "key", getattr(k, "idx", k))) for k in p) for p, _ in flat]
 
 
 def _grid(x: Array, P: int, K: int, m: int, n: int) -> Array:
@@ -60,8 +60,9 @@ def _grid(x: Array, P: int, K: int, m: int, n: int) -> Array:
   return x.reshape((m, n, (P // m) * (K // n)) + rest)
 
 
-def _loss_sum(params, graphdef, batch, counts, rl_spec: rl.RLSpec,
-              sampling_spec: scoring.SamplingSpec):
+def _loss_sum(
+    params, graphdef, batch, counts, rl_spec: rl.RLSpec, sampling_spec: scoring.SamplingSpec
+):
   return objective.batch_loss(params, graphdef, batch, counts, rl_spec, sampling_spec)
 
 
@@ -104,8 +105,18 @@ def grid_quarters(per_rollout, P: int, K: int, m: int = 2, n: int = 2):
   return jax.tree.map(lambda x: jnp.mean(_grid(x, P, K, m, n), axis=2), per_rollout)
 
 
-def split_grads(params, graphdef, batch, P: int, K: int, rl_spec: rl.RLSpec,
-                sampling_spec: scoring.SamplingSpec, m: int = 2, n: int = 2, metric=None):
+def split_grads(
+    params,
+    graphdef,
+    batch,
+    P: int,
+    K: int,
+    rl_spec: rl.RLSpec,
+    sampling_spec: scoring.SamplingSpec,
+    m: int = 2,
+    n: int = 2,
+    metric=None,
+):
   """Gradient of the batch loss as an m x n microbatch grid.
 
   Returns ``(loss, grad, aux, moments)``: ``grad`` is exactly the batch
@@ -122,16 +133,19 @@ def split_grads(params, graphdef, batch, P: int, K: int, rl_spec: rl.RLSpec,
 
   def cell_grad(cell):
     (loss, aux), g = jax.value_and_grad(_loss_sum, has_aux=True)(
-        params, graphdef, cell, counts, rl_spec, sampling_spec)
+        params, graphdef, cell, counts, rl_spec, sampling_spec
+    )
     return loss, jax.tree.map(lambda t: scale * t, g), aux
 
   cell_grad_n = jax.vmap(cell_grad)
   losses, q, aux = jax.vmap(cell_grad_n)(cells)
   grad = jax.tree.map(lambda t: jnp.mean(t, axis=(0, 1)), q)
+
   # aux back to batch order: [m, n, (P/m)(K/n), T] -> [P*K, T]
   def ungrid(x):
     x = x.reshape((m, n, P // m, K // n) + x.shape[3:])
     return jnp.moveaxis(x, 1, 2).reshape((P * K,) + x.shape[4:])
+
   aux = jax.tree.map(ungrid, aux)
   moments = _leaf_split_moments(q, P, K)
   if metric is not None:
@@ -144,23 +158,35 @@ def _leaf_split_moments(q, P, K):
   return jax.tree.map(lambda *xs: jnp.stack(xs), *per_leaf)
 
 
-def per_rollout_grad_fn(graphdef, counts, rl_spec: rl.RLSpec,
-                        sampling_spec: scoring.SamplingSpec):
+def per_rollout_grad_fn(graphdef, counts, rl_spec: rl.RLSpec, sampling_spec: scoring.SamplingSpec):
   """``fn(params, rollouts) -> grads`` with a leading rollout axis: grad L_i of
   each rollout's loss term (under the update's global ``counts``), by vmap."""
+
   def one_loss(p, ex):
     ex1 = jax.tree.map(lambda x: x[None], ex)
     L_B, _ = objective.rollout_losses(p, graphdef, ex1, counts, rl_spec, sampling_spec)
     return L_B[0]
+
   return jax.vmap(jax.grad(one_loss), in_axes=(None, 0))
 
 
 EXACT_METHODS = ("vmap", "ghost")
 
 
-def group_moments(params, graphdef, batch, P: int, K: int, rl_spec: rl.RLSpec,
-                  sampling_spec: scoring.SamplingSpec, chunk_prompts: int, metric=None,
-                  prompt_groups=None, num_groups: int = 0, method: str = "vmap"):
+def group_moments(
+    params,
+    graphdef,
+    batch,
+    P: int,
+    K: int,
+    rl_spec: rl.RLSpec,
+    sampling_spec: scoring.SamplingSpec,
+    chunk_prompts: int,
+    metric=None,
+    prompt_groups=None,
+    num_groups: int = 0,
+    method: str = "vmap",
+):
   """Exact per-rollout moments, streamed over chunks of ``chunk_prompts``.
 
   ``method``: "vmap" forms each chunk's per-rollout gradients with
@@ -185,8 +211,10 @@ def group_moments(params, graphdef, batch, P: int, K: int, rl_spec: rl.RLSpec,
     raise ValueError(f"method={method!r} is not one of {list(EXACT_METHODS)}")
   if method == "ghost":
     if metric is not None or prompt_groups is not None:
-      raise ValueError("method='ghost' computes raw-gradient moments only: a metric or "
-                       "prompt_groups needs method='vmap'")
+      raise ValueError(
+          "method='ghost' computes raw-gradient moments only: a metric or "
+          "prompt_groups needs method='vmap'"
+      )
     return ghost.group_moments(params, graphdef, batch, P, K, rl_spec, sampling_spec)
   if P % chunk_prompts:
     raise ValueError(f"chunk_prompts={chunk_prompts} does not divide P={P}")
@@ -204,18 +232,21 @@ def group_moments(params, graphdef, batch, P: int, K: int, rl_spec: rl.RLSpec,
     sq, gbar_sq, gbar_sum = [], [], []
     for leaf in jax.tree.leaves(g):
       x = (N * leaf.astype(jnp.float32)).reshape(C, K, -1)
-      sq.append(jnp.sum(x * x, axis=(1, 2)))          # [C]
-      gb = jnp.mean(x, axis=1)                         # [C, D]
-      gbar_sq.append(jnp.sum(gb * gb, axis=-1))        # [C]
-      gbar_sum.append(jnp.sum(gb, axis=0))             # [D]
+      sq.append(jnp.sum(x * x, axis=(1, 2)))  # [C]
+      gb = jnp.mean(x, axis=1)  # [C, D]
+      gbar_sq.append(jnp.sum(gb * gb, axis=-1))  # [C]
+      gbar_sum.append(jnp.sum(gb, axis=0))  # [D]
     return jnp.stack(sq), jnp.stack(gbar_sq), gbar_sum
 
   grouped = prompt_groups is not None
   G = int(num_groups) if grouped else 0
   if grouped and G <= 0:
     raise ValueError(f"num_groups={num_groups} must be > 0 with prompt_groups")
-  labels = (jnp.asarray(prompt_groups, jnp.int32).reshape(P // C, C) if grouped
-            else jnp.zeros((P // C, C), jnp.int32))
+  labels = (
+      jnp.asarray(prompt_groups, jnp.int32).reshape(P // C, C)
+      if grouped
+      else jnp.zeros((P // C, C), jnp.int32)
+  )
 
   def body(acc, xs):
     chunk, lab = xs
@@ -225,11 +256,17 @@ def group_moments(params, graphdef, batch, P: int, K: int, rl_spec: rl.RLSpec,
       if metric is not None:
         g = _scaled(g, metric, 1)
       onehot = jax.nn.one_hot(lab, G, dtype=jnp.float32)  # [C, G]
-      gb = [jnp.mean((N * l.astype(jnp.float32)).reshape(C, K, -1), axis=1)
-            for l in jax.tree.leaves(g)]
+      gb = [
+          jnp.mean((N * l.astype(jnp.float32)).reshape(C, K, -1), axis=1)
+          for l in jax.tree.leaves(g)
+      ]
       group_acc = [a + onehot.T @ b for a, b in zip(group_acc, gb)]
-      sq = jnp.stack([jnp.sum(((N * l.astype(jnp.float32)).reshape(C, K, -1)) ** 2,
-                              axis=(1, 2)) for l in jax.tree.leaves(g)])
+      sq = jnp.stack(
+          [
+              jnp.sum(((N * l.astype(jnp.float32)).reshape(C, K, -1)) ** 2, axis=(1, 2))
+              for l in jax.tree.leaves(g)
+          ]
+      )
       gsq = jnp.stack([jnp.sum(b * b, axis=-1) for b in gb])
       gsum = [jnp.sum(b, axis=0) for b in gb]
     else:
@@ -243,8 +280,9 @@ def group_moments(params, graphdef, batch, P: int, K: int, rl_spec: rl.RLSpec,
   # sq, gsq: [P/C, L, C] -> [L, P]
   to_LP = lambda a: jnp.moveaxis(a, 1, 0).reshape(a.shape[1], P)
   batch_sq = jnp.stack([jnp.sum((s / P) ** 2) for s in gsum])
-  moments = noise.GroupMoments(sum_sqnorm_P=to_LP(sq), mean_sqnorm_P=to_LP(gsq),
-                               batch_mean_sqnorm=batch_sq, K=K)
+  moments = noise.GroupMoments(
+      sum_sqnorm_P=to_LP(sq), mean_sqnorm_P=to_LP(gsq), batch_mean_sqnorm=batch_sq, K=K
+  )
   if not grouped:
     return moments
   return moments, jnp.stack([s @ s.T for s in gsums])

@@ -65,6 +65,7 @@ Choices made here:
   and is not written. The architecture is inferred: qk_norm -> Qwen3,
   qkv_bias -> Qwen2, neither -> Llama.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -83,22 +84,27 @@ from jax.tree_util import DictKey
 from cbs_jax import model as model_lib
 from cbs_jax import sharding
 
-SUPPORTED = {"Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3",
-             "LlamaForCausalLM": "llama"}
+SUPPORTED = {"Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3", "LlamaForCausalLM": "llama"}
 _MODEL_TYPES = {v: k for k, v in SUPPORTED.items()}
 _DTYPES = {"float32": np.float32, "bfloat16": jax.numpy.bfloat16}
 # safetensors dtype names <-> numpy
-_ST_DTYPES = {"F32": np.float32, "BF16": jax.numpy.bfloat16, "F16": np.float16,
-              "F64": np.float64}
+_ST_DTYPES = {"F32": np.float32, "BF16": jax.numpy.bfloat16, "F16": np.float16, "F64": np.float64}
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
-                   "generation_config.json", "vocab.json", "merges.txt",
-                   "added_tokens.json")
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "generation_config.json",
+    "vocab.json",
+    "merges.txt",
+    "added_tokens.json",
+)
 
 
 # ---------------------------------------------------------------------------
 # Config
 # ---------------------------------------------------------------------------
+
 
 def _read_json(path: str) -> dict:
   try:
@@ -119,8 +125,10 @@ def architecture_of(hf_config: dict) -> str:
   ok = [a for a in archs if a in SUPPORTED]
   if not ok:
     named = archs or [f"model_type={hf_config.get('model_type')!r}"]
-    raise ValueError(f"unsupported architecture {', '.join(map(str, named))} in config.json; "
-                     f"supported: {', '.join(SUPPORTED)}")
+    raise ValueError(
+        f"unsupported architecture {', '.join(map(str, named))} in config.json; "
+        f"supported: {', '.join(SUPPORTED)}"
+    )
   return ok[0]
 
 
@@ -135,18 +143,22 @@ def _rope(hf_config: dict) -> tuple[float, str]:
   if kind == "default":
     return float(theta), ""
   if kind not in model_lib.ROPE_SCALING_KEYS:
-    raise ValueError(f"config.json rope_scaling type {kind!r} is not supported; supported: "
-                     f"default, {', '.join(model_lib.ROPE_SCALING_KEYS)}")
+    raise ValueError(
+        f"config.json rope_scaling type {kind!r} is not supported; supported: "
+        f"default, {', '.join(model_lib.ROPE_SCALING_KEYS)}"
+    )
   keys = model_lib.ROPE_SCALING_KEYS[kind]
   missing = [k for k in keys if k not in scaling]
   if missing:
     raise ValueError(f"config.json rope_scaling type {kind!r} lacks {missing}")
   return float(theta), model_lib.format_rope_scaling(
-      {"rope_type": kind, **{k: scaling[k] for k in keys}})
+      {"rope_type": kind, **{k: scaling[k] for k in keys}}
+  )
 
 
-def model_config_from_hf(hf_config: dict, dtype: str = "float32",
-                         max_len: int | None = None) -> ml_collections.ConfigDict:
+def model_config_from_hf(
+    hf_config: dict, dtype: str = "float32", max_len: int | None = None
+) -> ml_collections.ConfigDict:
   """Our model config for a supported HF ``config.json`` dict (validated)."""
   arch = architecture_of(hf_config)
   kind = SUPPORTED[arch]
@@ -160,13 +172,15 @@ def model_config_from_hf(hf_config: dict, dtype: str = "float32",
   if act != "silu":
     raise ValueError(f"config.json hidden_act={act!r} is not supported (SwiGLU needs 'silu')")
   if hf_config.get("use_sliding_window"):
-    raise ValueError("config.json use_sliding_window=true: sliding-window attention is not "
-                     "supported")
+    raise ValueError(
+        "config.json use_sliding_window=true: sliding-window attention is not " "supported"
+    )
   if hf_config.get("mlp_bias"):
     raise ValueError("config.json mlp_bias=true: MLP biases are not supported")
   if kind in ("llama", "qwen3") and hf_config.get("attention_bias"):
-    raise ValueError(f"config.json attention_bias=true ({arch}): the o_proj bias it adds is "
-                     "not supported")
+    raise ValueError(
+        f"config.json attention_bias=true ({arch}): the o_proj bias it adds is " "not supported"
+    )
   c = model_lib.default_config()
   c.vocab_size = int(need("vocab_size"))
   c.d_model = int(need("hidden_size"))
@@ -175,8 +189,9 @@ def model_config_from_hf(hf_config: dict, dtype: str = "float32",
   c.num_kv_heads = int(hf_config.get("num_key_value_heads") or c.num_heads)
   c.d_ff = int(need("intermediate_size"))
   hd = hf_config.get("head_dim")
-  c.head_dim = 0 if not hd or (c.d_model % c.num_heads == 0 and
-                               hd == c.d_model // c.num_heads) else int(hd)
+  c.head_dim = (
+      0 if not hd or (c.d_model % c.num_heads == 0 and hd == c.d_model // c.num_heads) else int(hd)
+  )
   c.max_len = int(max_len or hf_config.get("max_position_embeddings") or 2048)
   c.rope_theta, c.rope_scaling = _rope(hf_config)
   c.norm_eps = float(hf_config.get("rms_norm_eps", 1e-6))
@@ -191,11 +206,20 @@ def model_config_from_hf(hf_config: dict, dtype: str = "float32",
 
 # model config field -> the config.json key it comes from (for error messages)
 _FIELD_SOURCES = {
-    "vocab_size": "vocab_size", "d_model": "hidden_size", "num_layers": "num_hidden_layers",
-    "num_heads": "num_attention_heads", "num_kv_heads": "num_key_value_heads",
-    "d_ff": "intermediate_size", "head_dim": "head_dim", "rope_theta": "rope_theta",
-    "rope_scaling": "rope_scaling", "norm_eps": "rms_norm_eps", "qkv_bias": "architectures",
-    "qk_norm": "architectures", "tie_embeddings": "tie_word_embeddings"}
+    "vocab_size": "vocab_size",
+    "d_model": "hidden_size",
+    "num_layers": "num_hidden_layers",
+    "num_heads": "num_attention_heads",
+    "num_kv_heads": "num_key_value_heads",
+    "d_ff": "intermediate_size",
+    "head_dim": "head_dim",
+    "rope_theta": "rope_theta",
+    "rope_scaling": "rope_scaling",
+    "norm_eps": "rms_norm_eps",
+    "qkv_bias": "architectures",
+    "qk_norm": "architectures",
+    "tie_embeddings": "tie_word_embeddings",
+}
 
 
 def run_model_config(model_config, checkpoint_dir: str) -> ml_collections.ConfigDict:
@@ -213,14 +237,19 @@ def run_model_config(model_config, checkpoint_dir: str) -> ml_collections.Config
   c = model_config_from_hf(hf_config, model_config.dtype, model_config.max_len)
   c.param_dtype = model_config.get("param_dtype", "float32")
   if model_config.get("value_head"):
-    raise ValueError(f"config.model.value_head=True, but {cfg_path} has no value head "
-                     "(PPO's critic): use GRPO (config.rl.algo='grpo') from a checkpoint")
+    raise ValueError(
+        f"config.model.value_head=True, but {cfg_path} has no value head "
+        "(PPO's critic): use GRPO (config.rl.algo='grpo') from a checkpoint"
+    )
   mine = dict(model_config.to_dict(), head_dim=model_lib.head_dim_of(model_config))
   theirs = dict(c.to_dict(), head_dim=model_lib.head_dim_of(c))
   bad = [k for k in _FIELD_SOURCES if mine.get(k) != theirs.get(k)]
   if bad:
-    detail = "; ".join(f"config.model.{k}={mine.get(k)!r} vs checkpoint {theirs.get(k)!r} "
-                       f"({_FIELD_SOURCES[k]})" for k in bad)
+    detail = "; ".join(
+        f"config.model.{k}={mine.get(k)!r} vs checkpoint {theirs.get(k)!r} "
+        f"({_FIELD_SOURCES[k]})"
+        for k in bad
+    )
     raise ValueError(f"config.model disagrees with {cfg_path}: {detail}")
   c.head_dim = model_config.get("head_dim", 0)  # the run's spelling (0 = derived)
   return c
@@ -229,10 +258,17 @@ def run_model_config(model_config, checkpoint_dir: str) -> ml_collections.Config
 def hf_config_from_model(c, dtype: str = "float32") -> dict:
   """A transformers ``config.json`` dict for our model config (see export)."""
   if c.get("qk_norm") and c.get("qkv_bias"):
-    raise ValueError("qk_norm=True with qkv_bias=True has no Hugging Face architecture "
-                     "(Qwen3's attention_bias also biases o_proj)")
-  arch = ("Qwen3ForCausalLM" if c.get("qk_norm") else
-          "Qwen2ForCausalLM" if c.get("qkv_bias") else "LlamaForCausalLM")
+    raise ValueError(
+        "qk_norm=True with qkv_bias=True has no Hugging Face architecture "
+        "(Qwen3's attention_bias also biases o_proj)"
+    )
+  arch = (
+      "Qwen3ForCausalLM"
+      if c.get("qk_norm")
+      else "Qwen2ForCausalLM"
+      if c.get("qkv_bias")
+      else "LlamaForCausalLM"
+  )
   scaling = model_lib.parse_rope_scaling(c.get("rope_scaling", ""))
   out = {
       "architectures": [arch],
@@ -266,17 +302,18 @@ def hf_config_from_model(c, dtype: str = "float32") -> dict:
 # Tensor name / layout map
 # ---------------------------------------------------------------------------
 
+
 # kind: how a HF tensor maps onto our parameter (see the module docstring)
 def _to_ours(kind: str, w: np.ndarray, shape: tuple) -> np.ndarray:
-  if kind == "in_heads":      # [n*dh, d] -> [d, n, dh]
+  if kind == "in_heads":  # [n*dh, d] -> [d, n, dh]
     return w.T.reshape(shape)
-  if kind == "out_heads":     # [d, h*dh] -> [h, dh, d]
+  if kind == "out_heads":  # [d, h*dh] -> [h, dh, d]
     return w.T.reshape(shape)
-  if kind == "linear":        # [out, in] -> [in, out]
+  if kind == "linear":  # [out, in] -> [in, out]
     return w.T
-  if kind == "bias_heads":    # [n*dh] -> [n, dh]
+  if kind == "bias_heads":  # [n*dh] -> [n, dh]
     return w.reshape(shape)
-  return w                    # copy
+  return w  # copy
 
 
 def _to_hf(kind: str, w: np.ndarray) -> np.ndarray:
@@ -355,6 +392,7 @@ def _path_key(keypath) -> tuple:
 # Load
 # ---------------------------------------------------------------------------
 
+
 def _checkpoint_files(checkpoint_dir: str) -> list[str]:
   index = os.path.join(checkpoint_dir, "model.safetensors.index.json")
   if os.path.isfile(index):
@@ -389,6 +427,7 @@ def load_tokenizer(checkpoint_dir: str, vocab_size: int | None = None):
     return None
   import tokenizers  # pylint: disable=import-outside-toplevel
   from cbs_jax.tasks.tokenizer import HFTokenizer  # pylint: disable=import-outside-toplevel
+
   raw = tokenizers.Tokenizer.from_file(path)
   tc_path = os.path.join(checkpoint_dir, "tokenizer_config.json")
   tc = _read_json(tc_path) if os.path.isfile(tc_path) else {}
@@ -402,21 +441,31 @@ def load_tokenizer(checkpoint_dir: str, vocab_size: int | None = None):
 
   eos = _special_token(tc.get("eos_token")) or from_id("eos_token_id")
   if eos is None:
-    raise ValueError(f"{checkpoint_dir}: no EOS token (tokenizer_config.json has no eos_token, "
-                     "config.json no eos_token_id)")
+    raise ValueError(
+        f"{checkpoint_dir}: no EOS token (tokenizer_config.json has no eos_token, "
+        "config.json no eos_token_id)"
+    )
   pad = _special_token(tc.get("pad_token")) or from_id("pad_token_id") or eos
   bos = _special_token(tc.get("bos_token")) or from_id("bos_token_id") or pad
   tok = HFTokenizer(raw, pad_token=pad, bos_token=bos, eos_token=eos)
   if vocab_size is not None and tok.vocab_size > vocab_size:
-    raise ValueError(f"tokenizer {path} has {tok.vocab_size} ids (added tokens included), more "
-                     f"than the model's vocab_size={vocab_size} (config.json): ids >= "
-                     f"{vocab_size} would have no embedding")
+    raise ValueError(
+        f"tokenizer {path} has {tok.vocab_size} ids (added tokens included), more "
+        f"than the model's vocab_size={vocab_size} (config.json): ids >= "
+        f"{vocab_size} would have no embedding"
+    )
   return tok
 
 
-def load(checkpoint_dir: str, mesh=None, dtype: str = "float32", *,
-         compute_dtype: str | None = None, rules: dict | None = None,
-         max_len: int | None = None):
+def load(
+    checkpoint_dir: str,
+    mesh=None,
+    dtype: str = "float32",
+    *,
+    compute_dtype: str | None = None,
+    rules: dict | None = None,
+    max_len: int | None = None,
+):
   """Import a Hugging Face checkpoint into the cbs_jax model.
 
   Args:
@@ -445,11 +494,16 @@ def load(checkpoint_dir: str, mesh=None, dtype: str = "float32", *,
   graphdef, abstract = _abstract(c)
   shardings = {}
   if mesh is not None:
-    shardings = {_path_key(p): s for p, s in jax.tree_util.tree_leaves_with_path(
-        sharding.param_shardings(abstract, mesh, rules))}
+    shardings = {
+        _path_key(p): s
+        for p, s in jax.tree_util.tree_leaves_with_path(
+            sharding.param_shardings(abstract, mesh, rules)
+        )
+    }
   target = _DTYPES[dtype]
 
   from safetensors import safe_open  # pylint: disable=import-outside-toplevel
+
   with contextlib.ExitStack() as stack:
     where = {}  # tensor name -> open file
     for path in _checkpoint_files(checkpoint_dir):
@@ -465,12 +519,14 @@ def load(checkpoint_dir: str, mesh=None, dtype: str = "float32", *,
       name, kind = hf_name(path)
       want = _hf_shape(kind, shape)
       if name not in where:
-        raise ValueError(f"checkpoint {checkpoint_dir} lacks tensor {name} "
-                         f"(config expects shape {want})")
+        raise ValueError(
+            f"checkpoint {checkpoint_dir} lacks tensor {name} " f"(config expects shape {want})"
+        )
       w = where[name].get_tensor(name)
       if tuple(w.shape) != want:
-        raise ValueError(f"checkpoint tensor {name} has shape {tuple(w.shape)}, config "
-                         f"expects {want}")
+        raise ValueError(
+            f"checkpoint tensor {name} has shape {tuple(w.shape)}, config " f"expects {want}"
+        )
       used.add(name)
       w = np.ascontiguousarray(_to_ours(kind, w, shape), dtype=target)
       sh = shardings.get(tuple(path))
@@ -480,12 +536,19 @@ def load(checkpoint_dir: str, mesh=None, dtype: str = "float32", *,
         value = jax.make_array_from_callback(shape, sh, lambda idx, w=w: w[idx])
       del w  # host copy released before the next tensor is read
       flat.append((path, var.replace(value)))
-    extra = [n for n in where if n not in used and not n.endswith(_IGNORED_SUFFIXES)
-             and not (c.tie_embeddings and n == "lm_head.weight")]
+    extra = [
+        n
+        for n in where
+        if n not in used
+        and not n.endswith(_IGNORED_SUFFIXES)
+        and not (c.tie_embeddings and n == "lm_head.weight")
+    ]
     if extra:
-      raise ValueError(f"checkpoint tensor(s) {', '.join(sorted(extra)[:5])}"
-                       f"{' ...' if len(extra) > 5 else ''} are not used by the cbs_jax "
-                       f"model built from config.json ({architecture_of(hf_config)})")
+      raise ValueError(
+          f"checkpoint tensor(s) {', '.join(sorted(extra)[:5])}"
+          f"{' ...' if len(extra) > 5 else ''} are not used by the cbs_jax "
+          f"model built from config.json ({architecture_of(hf_config)})"
+      )
   return graphdef, nnx.from_flat_state(flat), c, tokenizer
 
 
@@ -493,18 +556,21 @@ def load(checkpoint_dir: str, mesh=None, dtype: str = "float32", *,
 # Export
 # ---------------------------------------------------------------------------
 
+
 def _st_dtype(dt) -> str:
   for k, v in _ST_DTYPES.items():
     if np.dtype(v) == np.dtype(dt):
       return k
-  raise ValueError(f"dtype {dt} cannot be written to safetensors here "
-                   f"(supported: {sorted(_ST_DTYPES)})")
+  raise ValueError(
+      f"dtype {dt} cannot be written to safetensors here " f"(supported: {sorted(_ST_DTYPES)})"
+  )
 
 
 def _host(x) -> np.ndarray:
   """Full host copy of one (possibly sharded, possibly multi-process) array."""
   if isinstance(x, jax.Array) and not x.is_fully_addressable:
     from jax.experimental import multihost_utils  # pylint: disable=import-outside-toplevel
+
     x = multihost_utils.process_allgather(x, tiled=True)
   return np.asarray(jax.device_get(x))
 
@@ -516,8 +582,11 @@ def _write_safetensors(path: str, tensors: list, metadata: dict | None = None) -
   header, offset = {}, 0
   for name, shape, dt, _ in tensors:
     n = int(np.prod(shape, dtype=np.int64)) * np.dtype(dt).itemsize
-    header[name] = {"dtype": _st_dtype(dt), "shape": list(shape),
-                    "data_offsets": [offset, offset + n]}
+    header[name] = {
+        "dtype": _st_dtype(dt),
+        "shape": list(shape),
+        "data_offsets": [offset, offset + n],
+    }
     offset += n
   if metadata:
     header["__metadata__"] = metadata
@@ -533,8 +602,15 @@ def _write_safetensors(path: str, tensors: list, metadata: dict | None = None) -
       f.write(a.tobytes())
 
 
-def export(graphdef, params, model_config, out_dir: str, *, dtype: str | None = None,
-           source_dir: str | None = None) -> str:
+def export(
+    graphdef,
+    params,
+    model_config,
+    out_dir: str,
+    *,
+    dtype: str | None = None,
+    source_dir: str | None = None,
+) -> str:
   """Write ``params`` as a Hugging Face checkpoint in ``out_dir``.
 
   Args:
@@ -562,15 +638,20 @@ def export(graphdef, params, model_config, out_dir: str, *, dtype: str | None = 
   for path, shape in want.items():
     name, kind = hf_name(path)
     if path not in have:
-      raise ValueError(f"params lack {'/'.join(map(str, path))} ({name}), which "
-                       f"model_config expects with shape {shape}")
+      raise ValueError(
+          f"params lack {'/'.join(map(str, path))} ({name}), which "
+          f"model_config expects with shape {shape}"
+      )
     x = have[path].get_value()
     if tuple(x.shape) != shape:
-      raise ValueError(f"parameter {'/'.join(map(str, path))} ({name}) has shape "
-                       f"{tuple(x.shape)}, model_config expects {shape}")
+      raise ValueError(
+          f"parameter {'/'.join(map(str, path))} ({name}) has shape "
+          f"{tuple(x.shape)}, model_config expects {shape}"
+      )
     dt = np.dtype(_DTYPES[dtype]) if dtype else np.dtype(x.dtype)
-    tensors.append((name, _hf_shape(kind, shape), dt,
-                    lambda x=x, kind=kind: _to_hf(kind, _host(x))))
+    tensors.append(
+        (name, _hf_shape(kind, shape), dt, lambda x=x, kind=kind: _to_hf(kind, _host(x)))
+    )
   dtypes = {np.dtype(t[2]) for t in tensors}
   dt_name = "bfloat16" if dtypes == {np.dtype(_DTYPES["bfloat16"])} else "float32"
   hf_config = hf_config_from_model(c, dt_name)
@@ -600,9 +681,11 @@ def export(graphdef, params, model_config, out_dir: str, *, dtype: str | None = 
       os.rename(tmp, out_dir)  # one atomic step
       return out_dir
     # existing directory: drop the old marker first, weights in, config.json last
-    stale = [n for n in os.listdir(out_dir)
-             if n == "config.json" or n.endswith(".safetensors")
-             or n == "model.safetensors.index.json"]
+    stale = [
+        n
+        for n in os.listdir(out_dir)
+        if n == "config.json" or n.endswith(".safetensors") or n == "model.safetensors.index.json"
+    ]
     for name in sorted(stale, key=lambda n: n != "config.json"):
       os.remove(os.path.join(out_dir, name))
     for name in sorted(os.listdir(tmp), key=lambda n: n == "config.json"):

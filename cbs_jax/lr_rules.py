@@ -6,6 +6,7 @@ at ``ref`` rollouts per update when an update uses ``n`` rollouts:
 uses) or ``linear`` (n/ref, the SGD rule). ``warmup`` is the linear warmup
 factor applied on top of it.
 """
+
 from __future__ import annotations
 
 import math

@@ -15,6 +15,7 @@ Before training starts, process 0 records the run in its workdir:
   ``restarts``: its own time, command and ``report.provenance()``, and the
   config fields it changed (``{"train.num_rounds": [old, new]}``).
 """
+
 from __future__ import annotations
 
 import datetime
@@ -56,8 +57,7 @@ def config_changes(before: dict, after: dict) -> dict:
   """{dotted field: [before, after]} for the fields that differ between two
   JSON config dicts (a field absent on one side is None there)."""
   fb, fa = _flat(before), _flat(after)
-  return {k: [fb.get(k), fa.get(k)] for k in sorted(set(fb) | set(fa))
-          if fb.get(k) != fa.get(k)}
+  return {k: [fb.get(k), fa.get(k)] for k in sorted(set(fb) | set(fa)) if fb.get(k) != fa.get(k)}
 
 
 def _write_atomic(path: str, text: str) -> None:
@@ -72,12 +72,14 @@ def _read_json(path: str):
     with open(path) as f:
       return json.load(f)
   except (OSError, ValueError) as e:
-    raise ValueError(f"{path} is unreadable ({e}); move it away to start the run's "
-                     "record afresh") from None
+    raise ValueError(
+        f"{path} is unreadable ({e}); move it away to start the run's " "record afresh"
+    ) from None
 
 
-def record_start(config: ml_collections.ConfigDict, workdir: str,
-                 command: str | None = None) -> dict:
+def record_start(
+    config: ml_collections.ConfigDict, workdir: str, command: str | None = None
+) -> dict:
   """Write ``config.json`` and ``provenance.json`` into ``workdir`` for a
   start of the run (first start or resume; see the module docstring).
   ``command`` defaults to this process's command line. Returns the
@@ -92,8 +94,13 @@ def record_start(config: ml_collections.ConfigDict, workdir: str,
     record = _read_json(prov_path)
     before = _read_json(cfg_path) if os.path.exists(cfg_path) else {}
     record.setdefault("restarts", []).append(
-        dict(started_utc=now, command=command, **report.provenance(),
-             config_changes=config_changes(before, new_config)))
+        dict(
+            started_utc=now,
+            command=command,
+            **report.provenance(),
+            config_changes=config_changes(before, new_config),
+        )
+    )
   else:
     record = dict(started_utc=now, command=command, **report.provenance(), restarts=[])
   _write_atomic(cfg_path, config_json(config))
@@ -113,8 +120,7 @@ def run(config: ml_collections.ConfigDict, workdir: str, command: str | None = N
 
 
 def _define_flags():
-  config_flags.DEFINE_config_file("config", None, "Config file (get_config).",
-                                  lock_config=True)
+  config_flags.DEFINE_config_file("config", None, "Config file (get_config).", lock_config=True)
   flags.DEFINE_string("workdir", None, "Run directory (checkpoints, metrics).")
   flags.mark_flags_as_required(["config", "workdir"])
 

@@ -29,6 +29,7 @@ estimators are also evaluated on gradients scaled by Adam's metric
 1 / (sqrt(nu_hat) + eps) (``adam`` in the output): the noise scale of the
 preconditioned update direction, which is what the sqrt rule is about.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -57,8 +58,9 @@ from cbs_jax import train
 ROUND_OFFSET = 1_000_000  # measurement batches use rounds >= this: disjoint from training
 
 
-def load_policy(config, workdir: str, setup, round_: int | None = None,
-                with_opt_state: bool = False):
+def load_policy(
+    config, workdir: str, setup, round_: int | None = None, with_opt_state: bool = False
+):
   """(graphdef, params, round) from the RL checkpoint, or the SFT base
   (round 0); with ``with_opt_state`` also the optimizer state (None for the
   SFT base)."""
@@ -70,11 +72,9 @@ def load_policy(config, workdir: str, setup, round_: int | None = None,
     return (graphdef, params, 0) + ((None,) if with_opt_state else ())
   ckpt.check_model(setup.model.to_dict(), step)
   tx = train.make_optimizer(config.optim)
-  like = dict(params=params, opt_state=tx.init(params),
-              history=[params] * config.batch.staleness)
+  like = dict(params=params, opt_state=tx.init(params), history=[params] * config.batch.staleness)
   state, _ = ckpt.restore(step, like)
-  return (graphdef, state["params"], step) + (
-      (state["opt_state"],) if with_opt_state else ())
+  return (graphdef, state["params"], step) + ((state["opt_state"],) if with_opt_state else ())
 
 
 def measurement_config(config, P: int, K: int, aggregation: str = "seq_mean_token_sum_norm"):
@@ -91,10 +91,20 @@ def measurement_config(config, P: int, K: int, aggregation: str = "seq_mean_toke
   return c
 
 
-def measure(config, graphdef, params, setup, P: int, K: int, M: int,
-            chunk_prompts: int = 4, progress: bool = True,
-            aggregation: str = "seq_mean_token_sum_norm", opt_state=None,
-            by_difficulty: bool = False) -> dict:
+def measure(
+    config,
+    graphdef,
+    params,
+    setup,
+    P: int,
+    K: int,
+    M: int,
+    chunk_prompts: int = 4,
+    progress: bool = True,
+    aggregation: str = "seq_mean_token_sum_norm",
+    opt_state=None,
+    by_difficulty: bool = False,
+) -> dict:
   """Pool M batches at fixed params; returns exact, split and per-group
   stats, and with an ``opt_state`` holding Adam moments also ``adam``: the
   exact estimates in Adam's preconditioned metric (``gradstats.adam_metric``).
@@ -107,13 +117,26 @@ def measure(config, graphdef, params, setup, P: int, K: int, M: int,
   setup = dataclasses.replace(setup, rl=rl.RLSpec.from_config(c.rl))  # the measurement's
   chunk_prompts = math.gcd(chunk_prompts, P)  # a speed/memory knob: any divisor of P
   groups = 1 + max(p.difficulty for p in setup.eval_problems) if by_difficulty else 0
-  exact_fn = jax.jit(functools.partial(
-      gradstats.group_moments, graphdef=graphdef, P=P, K=K, rl_spec=setup.rl,
-      sampling_spec=setup.sampling, chunk_prompts=chunk_prompts, num_groups=groups))
-  split_fn = jax.jit(lambda p, b: gradstats.split_grads(
-      p, graphdef, b, P, K, setup.rl, setup.sampling)[3])
-  metric = None if opt_state is None else gradstats.adam_metric(
-      opt_state, config.optim.b2, config.optim.eps)
+  exact_fn = jax.jit(
+      functools.partial(
+          gradstats.group_moments,
+          graphdef=graphdef,
+          P=P,
+          K=K,
+          rl_spec=setup.rl,
+          sampling_spec=setup.sampling,
+          chunk_prompts=chunk_prompts,
+          num_groups=groups,
+      )
+  )
+  split_fn = jax.jit(
+      lambda p, b: gradstats.split_grads(p, graphdef, b, P, K, setup.rl, setup.sampling)[3]
+  )
+  metric = (
+      None
+      if opt_state is None
+      else gradstats.adam_metric(opt_state, config.optim.b2, config.optim.eps)
+  )
   if metric is not None and int(jax.device_get(gradstats.adam_state(opt_state).count)) == 0:
     metric = None  # no Adam step taken yet: no metric to speak of
   leaf_groups = [gradstats.param_group(p) for p in gradstats.leaf_paths(params)]
@@ -134,23 +157,32 @@ def measure(config, graphdef, params, setup, P: int, K: int, M: int,
       leaf_stats.setdefault(g, []).append(noise.exact_estimates(gm))
     split.append(noise.split_estimates(gradstats.sum_leaves(split_fn(params, b))))
     if metric is not None:
-      adam.append(noise.exact_estimates(gradstats.sum_leaves(
-          exact_fn(params, batch=b, metric=metric))))
+      adam.append(
+          noise.exact_estimates(gradstats.sum_leaves(exact_fn(params, batch=b, metric=metric)))
+      )
   to_np = lambda ests: [{k: float(v) for k, v in e.items()} for e in ests]
-  res = dict(P=P, K=K, M=M, reward_mean=float(np.mean(rewards)),
-             aggregation=c.rl.aggregation,
-             exact=noise_stats.pooled_estimates(to_np(exact), P, K),
-             split=noise_stats.pooled_estimates(to_np(split), P, K),
-             groups={g: noise_stats.pooled_estimates(to_np(v), P, K)
-                     for g, v in leaf_stats.items()})
+  res = dict(
+      P=P,
+      K=K,
+      M=M,
+      reward_mean=float(np.mean(rewards)),
+      aggregation=c.rl.aggregation,
+      exact=noise_stats.pooled_estimates(to_np(exact), P, K),
+      split=noise_stats.pooled_estimates(to_np(split), P, K),
+      groups={g: noise_stats.pooled_estimates(to_np(v), P, K) for g, v in leaf_stats.items()},
+  )
   if by_diff:
-    contrib = np.stack([d["contribution"] for d in by_diff])   # [M, G]
+    contrib = np.stack([d["contribution"] for d in by_diff])  # [M, G]
     count = np.stack([d["count"] for d in by_diff]).sum(0)
     res["inter_by_difficulty"] = {
-        int(g): dict(contribution=float(contrib[:, g].mean()),
-                     se=float(contrib[:, g].std(ddof=1) / np.sqrt(M)),
-                     prompts=int(count[g]))
-        for g in range(contrib.shape[1]) if count[g] > 0}
+        int(g): dict(
+            contribution=float(contrib[:, g].mean()),
+            se=float(contrib[:, g].std(ddof=1) / np.sqrt(M)),
+            prompts=int(count[g]),
+        )
+        for g in range(contrib.shape[1])
+        if count[g] > 0
+    }
   if adam:
     res["adam"] = noise_stats.pooled_estimates(to_np(adam), P, K)
   return res
@@ -158,13 +190,17 @@ def measure(config, graphdef, params, setup, P: int, K: int, M: int,
 
 def format_table(res: dict) -> str:
   s = res["exact"]
-  lines = [f"P={res['P']} K={res['K']} batches={res['M']} "
-           f"(rollouts pooled: {res['P'] * res['K'] * res['M']}) reward_mean={res['reward_mean']:.3f}",
-           f"{'quantity':<24}{'exact':>14}{'+-SE':>12}{'split':>14}{'+-SE':>12}"]
+  lines = [
+      f"P={res['P']} K={res['K']} batches={res['M']} "
+      f"(rollouts pooled: {res['P'] * res['K'] * res['M']}) reward_mean={res['reward_mean']:.3f}",
+      f"{'quantity':<24}{'exact':>14}{'+-SE':>12}{'split':>14}{'+-SE':>12}",
+  ]
   for k in ("g2", "trace_intra", "trace_inter", "b_intra", "b_inter", "b_noise", "ratio"):
     e, sp = res["exact"], res["split"]
-    lines.append(f"{k:<24}{getattr(e, k):>14.5g}{getattr(e, k + '_se'):>12.3g}"
-                 f"{getattr(sp, k):>14.5g}{getattr(sp, k + '_se'):>12.3g}")
+    lines.append(
+        f"{k:<24}{getattr(e, k):>14.5g}{getattr(e, k + '_se'):>12.3g}"
+        f"{getattr(sp, k):>14.5g}{getattr(sp, k + '_se'):>12.3g}"
+    )
   if s.flag:
     lines.append(f"flag: {s.flag}")
   if "adam" in res:
@@ -197,8 +233,11 @@ def _define_flags():
   flags.DEFINE_integer("rollouts", 16, "K rollouts per prompt.")
   flags.DEFINE_integer("batches", 16, "M batches pooled.")
   flags.DEFINE_integer("chunk_prompts", 4, "Prompts per vmap chunk (divides P).")
-  flags.DEFINE_string("aggregation", "seq_mean_token_sum_norm",
-                      "Loss normaliser of the measurement ('train' = the run's own).")
+  flags.DEFINE_string(
+      "aggregation",
+      "seq_mean_token_sum_norm",
+      "Loss normaliser of the measurement ('train' = the run's own).",
+  )
   flags.mark_flags_as_required(["config", "workdir"])
 
 
@@ -209,11 +248,22 @@ def main(argv):
     logging.set_verbosity(logging.WARNING)
   config = F.config
   setup = run_setup.prepare(config)
-  graphdef, params, rnd, opt_state = load_policy(config, F.workdir, setup, F.round,
-                                                 with_opt_state=True)
+  graphdef, params, rnd, opt_state = load_policy(
+      config, F.workdir, setup, F.round, with_opt_state=True
+  )
   print(f"policy: {F.workdir} round {rnd}")
-  res = measure(config, graphdef, params, setup, F.prompts, F.rollouts, F.batches,
-                F.chunk_prompts, aggregation=F.aggregation, opt_state=opt_state)
+  res = measure(
+      config,
+      graphdef,
+      params,
+      setup,
+      F.prompts,
+      F.rollouts,
+      F.batches,
+      F.chunk_prompts,
+      aggregation=F.aggregation,
+      opt_state=opt_state,
+  )
   print(format_table(res))
   path = os.path.join(F.workdir, f"measure_round{rnd}_P{res['P']}_K{res['K']}.json")
   with open(path, "w") as f:

@@ -11,6 +11,7 @@ object-store URI, which cannot append, every row rewrites the whole object
 (one atomic upload of all rows so far), so the object is always a whole
 prefix of the run's rows.
 """
+
 from __future__ import annotations
 
 import json
@@ -55,8 +56,14 @@ class MetricsWriter:
   """Append rows to ``workdir/metrics.jsonl`` and TensorBoard scalars
   (``workdir`` a local directory or an object-store URI)."""
 
-  def __init__(self, workdir: str, resume_round: int = 0, tensorboard: bool = True,
-               filename: str = "metrics.jsonl", key: str = "round"):
+  def __init__(
+      self,
+      workdir: str,
+      resume_round: int = 0,
+      tensorboard: bool = True,
+      filename: str = "metrics.jsonl",
+      key: str = "round",
+  ):
     paths.makedirs(workdir)
     self.path = paths.join(workdir, filename)
     kept = [r for r in read_jsonl(self.path) if r.get(key, -1) < resume_round]
@@ -68,6 +75,7 @@ class MetricsWriter:
     if tensorboard:
       from tensorboardX import SummaryWriter
       from tensorboardX import record_writer
+
       if self._remote:  # event files through paths too (an upload per flush)
         record_writer.register_writer_factory(paths.scheme(workdir), paths.TENSORBOARD_FACTORY)
       self._tb = SummaryWriter(paths.join(workdir, "tb"), purge_step=resume_round)

@@ -30,6 +30,7 @@ Positions are explicit inputs, so a left-padded prompt gets positions
 much padding it got. Logits are returned in float32 whatever the compute
 dtype.
 """
+
 from __future__ import annotations
 
 import math
@@ -50,53 +51,67 @@ _NEG_INF = -1e30  # finite, so a query with no valid key gives a uniform row, no
 def default_config() -> ml_collections.ConfigDict:
   """The default small model (~0.1M parameters with a character vocabulary)."""
   c = ml_collections.ConfigDict()
-  c.vocab_size = 32        # set from the task's tokenizer by the trainer
-  c.d_model = 64           # residual width
-  c.num_layers = 2         # transformer blocks
-  c.num_heads = 4          # query heads
-  c.num_kv_heads = 2       # key/value heads (GQA); must divide num_heads
-  c.d_ff = 192             # SwiGLU hidden width
-  c.max_len = 64           # longest prompt + completion the KV cache holds
+  c.vocab_size = 32  # set from the task's tokenizer by the trainer
+  c.d_model = 64  # residual width
+  c.num_layers = 2  # transformer blocks
+  c.num_heads = 4  # query heads
+  c.num_kv_heads = 2  # key/value heads (GQA); must divide num_heads
+  c.d_ff = 192  # SwiGLU hidden width
+  c.max_len = 64  # longest prompt + completion the KV cache holds
   c.rope_theta = 10_000.0  # RoPE base
-  c.rope_scaling = ""      # RoPE frequency scaling, Hugging Face's rope_scaling dict written
-                           # "key=value,...": "" = none; "rope_type=linear,factor=4";
-                           # "rope_type=llama3,factor=8,low_freq_factor=1,high_freq_factor=4,
-                           # original_max_position_embeddings=8192" (see rope_inv_freq)
-  c.head_dim = 0           # per-head width; 0 = d_model // num_heads (Qwen3 sets its own)
-  c.norm_eps = 1e-6        # RMSNorm epsilon (Hugging Face's rms_norm_eps)
-  c.qkv_bias = False       # biases on the q/k/v projections (Qwen2, Qwen2.5)
-  c.qk_norm = False        # RMSNorm over head_dim of each q and k head before RoPE (Qwen3)
-  c.dtype = "float32"      # compute dtype: float32 | bfloat16
+  c.rope_scaling = ""  # RoPE frequency scaling, Hugging Face's rope_scaling dict written
+  # "key=value,...": "" = none; "rope_type=linear,factor=4";
+  # "rope_type=llama3,factor=8,low_freq_factor=1,high_freq_factor=4,
+  # original_max_position_embeddings=8192" (see rope_inv_freq)
+  c.head_dim = 0  # per-head width; 0 = d_model // num_heads (Qwen3 sets its own)
+  c.norm_eps = 1e-6  # RMSNorm epsilon (Hugging Face's rms_norm_eps)
+  c.qkv_bias = False  # biases on the q/k/v projections (Qwen2, Qwen2.5)
+  c.qk_norm = False  # RMSNorm over head_dim of each q and k head before RoPE (Qwen3)
+  c.dtype = "float32"  # compute dtype: float32 | bfloat16
   c.param_dtype = "float32"  # stored parameter dtype: float32 | bfloat16 (``build`` makes
-                             # float32; the trainer and hf.load store this dtype, the
-                             # optimizer keeps a float32 master copy: precision.py)
+  # float32; the trainer and hf.load store this dtype, the
+  # optimizer keeps a float32 master copy: precision.py)
   c.tie_embeddings = False  # share the embedding matrix with the LM head
-  c.value_head = False     # scalar value head on the final hidden (PPO critic)
+  c.value_head = False  # scalar value head on the final hidden (PPO critic)
   return c
 
 
 def validate_config(c: ml_collections.ConfigDict, prefix: str = "model") -> None:
   """Raise ValueError naming the field for any inconsistent model setting."""
-  for name in ("vocab_size", "d_model", "num_layers", "num_heads",
-               "num_kv_heads", "d_ff", "max_len"):
+  for name in (
+      "vocab_size",
+      "d_model",
+      "num_layers",
+      "num_heads",
+      "num_kv_heads",
+      "d_ff",
+      "max_len",
+  ):
     v = c[name]
     if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
       raise ValueError(f"{prefix}.{name} must be a positive integer, got {v!r}")
   hd = c.get("head_dim", 0)
   if isinstance(hd, bool) or not isinstance(hd, int) or hd < 0:
-    raise ValueError(f"{prefix}.head_dim must be a non-negative integer (0 = d_model // "
-                     f"num_heads), got {hd!r}")
+    raise ValueError(
+        f"{prefix}.head_dim must be a non-negative integer (0 = d_model // "
+        f"num_heads), got {hd!r}"
+    )
   if not hd and c.d_model % c.num_heads:
-    raise ValueError(f"{prefix}.num_heads={c.num_heads} does not divide "
-                     f"{prefix}.d_model={c.d_model}")
+    raise ValueError(
+        f"{prefix}.num_heads={c.num_heads} does not divide " f"{prefix}.d_model={c.d_model}"
+    )
   if c.num_heads % c.num_kv_heads:
-    raise ValueError(f"{prefix}.num_kv_heads={c.num_kv_heads} does not divide "
-                     f"{prefix}.num_heads={c.num_heads}")
+    raise ValueError(
+        f"{prefix}.num_kv_heads={c.num_kv_heads} does not divide "
+        f"{prefix}.num_heads={c.num_heads}"
+    )
   if hd and hd % 2:
     raise ValueError(f"{prefix}.head_dim={hd} must be even for RoPE")
   if not hd and (c.d_model // c.num_heads) % 2:
-    raise ValueError(f"head dim {prefix}.d_model/{prefix}.num_heads="
-                     f"{c.d_model // c.num_heads} must be even for RoPE")
+    raise ValueError(
+        f"head dim {prefix}.d_model/{prefix}.num_heads="
+        f"{c.d_model // c.num_heads} must be even for RoPE"
+    )
   if c.dtype not in DTYPES:
     raise ValueError(f"{prefix}.dtype={c.dtype!r} not in {sorted(DTYPES)}")
   if c.get("param_dtype", "float32") not in DTYPES:
@@ -123,8 +138,7 @@ def head_dim_of(c) -> int:
 # rope_type -> the keys its scaling takes (Hugging Face's names)
 ROPE_SCALING_KEYS = {
     "linear": ("factor",),
-    "llama3": ("factor", "low_freq_factor", "high_freq_factor",
-               "original_max_position_embeddings"),
+    "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"),
 }
 
 
@@ -156,8 +170,10 @@ def parse_rope_scaling(text: str) -> dict:
     if not params[key] > 0 or not math.isfinite(params[key]):
       raise ValueError(f"{key}={out[key]!r} must be a finite number > 0")
   if kind == "llama3" and not params["high_freq_factor"] > params["low_freq_factor"]:
-    raise ValueError(f"high_freq_factor={params['high_freq_factor']} must exceed "
-                     f"low_freq_factor={params['low_freq_factor']}")
+    raise ValueError(
+        f"high_freq_factor={params['high_freq_factor']} must exceed "
+        f"low_freq_factor={params['low_freq_factor']}"
+    )
   return params
 
 
@@ -167,7 +183,9 @@ def format_rope_scaling(params: dict | None) -> str:
     return ""
   kind = params.get("rope_type")
   keys = ROPE_SCALING_KEYS.get(kind, ())
-  return ",".join([f"rope_type={kind}"] + [f"{k}={float(params[k])!r}" for k in keys if k in params])
+  return ",".join(
+      [f"rope_type={kind}"] + [f"{k}={float(params[k])!r}" for k in keys if k in params]
+  )
 
 
 def rope_inv_freq(head_dim: int, theta: float, scaling: str = ""):
@@ -249,6 +267,7 @@ class Tapped(nnx.Module):
   False, so the default forward traces no tap and its graphdef is unchanged;
   ``ghost.py`` sets it on a merged copy (``Module.set_attributes``) and runs
   the forward under ``nnx.capture``."""
+
   capture_taps = False
 
   def _tap(self, name: str, y: Array, x: Array | None = None) -> Array:
@@ -304,8 +323,7 @@ def rope(x_BxTxHxD: Array, positions_BxT: Array, theta: float, inv_freq=None) ->
 
   ``inv_freq`` (D/2 frequencies, see ``rope_inv_freq``) overrides the default
   ``theta^(-2i/D)``, e.g. for a scaled RoPE."""
-  return apply_rope(x_BxTxHxD, rope_sincos(positions_BxT, x_BxTxHxD.shape[-1], theta,
-                                           inv_freq))
+  return apply_rope(x_BxTxHxD, rope_sincos(positions_BxT, x_BxTxHxD.shape[-1], theta, inv_freq))
 
 
 class LayerCache(NamedTuple):
@@ -325,12 +343,14 @@ class Attention(Tapped):
     self.wq = _param(rngs, (d, h, dh), ("embed", "heads", "head_dim"), std)
     self.wk = _param(rngs, (d, kv, dh), ("embed", "kv_heads", "head_dim"), std)
     self.wv = _param(rngs, (d, kv, dh), ("embed", "kv_heads", "head_dim"), std)
-    self.wo = _param(rngs, (h, dh, d), ("heads", "head_dim", "embed"),
-                     1.0 / math.sqrt(d * 2 * c.num_layers))
+    self.wo = _param(
+        rngs, (h, dh, d), ("heads", "head_dim", "embed"), 1.0 / math.sqrt(d * 2 * c.num_layers)
+    )
     # q/k/v biases (Qwen2), zero-initialised; None (static) when off
     bias = c.get("qkv_bias", False)
-    zeros = lambda n, axis: nnx.Param(jnp.zeros((n, dh), jnp.float32),
-                                      out_sharding=(axis, "head_dim"))
+    zeros = lambda n, axis: nnx.Param(
+        jnp.zeros((n, dh), jnp.float32), out_sharding=(axis, "head_dim")
+    )
     self.bq = zeros(h, "heads") if bias else None
     self.bk = zeros(kv, "kv_heads") if bias else None
     self.bv = zeros(kv, "kv_heads") if bias else None
@@ -345,6 +365,7 @@ class Attention(Tapped):
     B, T, _ = x_BxTxD.shape
     KV, G, Dh = self.num_kv_heads, self.num_heads // self.num_kv_heads, self.head_dim
     x = x_BxTxD
+
     def proj(param):  # [D, heads, Dh] weight as one [D, heads * Dh] GEMM
       w = param[...]
       return dense(x, w.reshape(w.shape[0], -1).astype(dt)).reshape(B, T, -1, Dh)
@@ -368,23 +389,21 @@ class Attention(Tapped):
     if cache is None:
       keys, vals, start = k, v, 0
     else:
-      keys = jax.lax.dynamic_update_slice(cache.k, k.astype(cache.k.dtype),
-                                          (0, 0, cache_index, 0))
-      vals = jax.lax.dynamic_update_slice(cache.v, v.astype(cache.v.dtype),
-                                          (0, 0, cache_index, 0))
+      keys = jax.lax.dynamic_update_slice(cache.k, k.astype(cache.k.dtype), (0, 0, cache_index, 0))
+      vals = jax.lax.dynamic_update_slice(cache.v, v.astype(cache.v.dtype), (0, 0, cache_index, 0))
       cache = LayerCache(keys, vals)
       start = cache_index
     S = keys.shape[2]
     scores = jnp.einsum("bkqd,bksd->bkqs", q, keys.astype(dt))
     scores = scores.astype(jnp.float32) * (1.0 / math.sqrt(Dh))
-    q_slot = start + jnp.tile(jnp.arange(T), G)                        # [G*T]
-    allowed = ((jnp.arange(S)[None, :] <= q_slot[:, None])[None, None]
-               & kv_mask_BxS[:, None, None, :])                         # B,1,G*T,S
+    q_slot = start + jnp.tile(jnp.arange(T), G)  # [G*T]
+    allowed = (jnp.arange(S)[None, :] <= q_slot[:, None])[None, None] & kv_mask_BxS[
+        :, None, None, :
+    ]  # B,1,G*T,S
     scores = jnp.where(allowed, scores, _NEG_INF)
     probs = jax.nn.softmax(scores, axis=-1).astype(dt)
-    out = jnp.einsum("bkqs,bksd->bkqd", probs, vals.astype(dt))        # B,KV,G*T,Dh
-    out = out.reshape(B, KV, G, T, Dh).transpose(0, 3, 1, 2, 4).reshape(
-        B, T, self.num_heads, Dh)
+    out = jnp.einsum("bkqs,bksd->bkqd", probs, vals.astype(dt))  # B,KV,G*T,Dh
+    out = out.reshape(B, KV, G, T, Dh).transpose(0, 3, 1, 2, 4).reshape(B, T, self.num_heads, Dh)
     wo = self.wo[...]
     y = dense(out.reshape(B, T, -1), wo.reshape(-1, wo.shape[-1]).astype(dt))
     return self._tap("wo", y, out), cache
@@ -396,8 +415,7 @@ class SwiGLU(Tapped):
     d, f = c.d_model, c.d_ff
     self.w_gate = _param(rngs, (d, f), ("embed", "mlp"), 1.0 / math.sqrt(d))
     self.w_up = _param(rngs, (d, f), ("embed", "mlp"), 1.0 / math.sqrt(d))
-    self.w_down = _param(rngs, (f, d), ("mlp", "embed"),
-                         1.0 / math.sqrt(f * 2 * c.num_layers))
+    self.w_down = _param(rngs, (f, d), ("mlp", "embed"), 1.0 / math.sqrt(f * 2 * c.num_layers))
 
   def __call__(self, x):
     dt = x.dtype
@@ -423,9 +441,9 @@ class Block(nnx.Module):
 
 
 class Output(NamedTuple):
-  logits: Array          # B,T,V float32
-  values: Array | None   # B,T float32 (value head) or None
-  cache: Any             # tuple of LayerCache or None
+  logits: Array  # B,T,V float32
+  values: Array | None  # B,T float32 (value head) or None
+  cache: Any  # tuple of LayerCache or None
 
 
 class Transformer(Tapped):
@@ -439,20 +457,24 @@ class Transformer(Tapped):
     self.embed = _param(rngs, (c.vocab_size, c.d_model), ("vocab", "embed"), 1.0)
     self.blocks = nnx.List([Block(c, rngs) for _ in range(c.num_layers)])
     self.final_norm = RMSNorm(c.d_model, c.get("norm_eps", 1e-6))
-    self.lm_head = None if c.tie_embeddings else _param(
-        rngs, (c.d_model, c.vocab_size), ("embed", "vocab"), 1.0 / math.sqrt(c.d_model))
+    self.lm_head = (
+        None
+        if c.tie_embeddings
+        else _param(rngs, (c.d_model, c.vocab_size), ("embed", "vocab"), 1.0 / math.sqrt(c.d_model))
+    )
     self.value = _param(rngs, (c.d_model, 1), ("embed", None), 1e-3) if c.value_head else None
 
-  def __call__(self, tokens_BxT: Array, positions_BxT: Array, kv_mask_BxS: Array,
-               cache=None, cache_index=0) -> Output:
+  def __call__(
+      self, tokens_BxT: Array, positions_BxT: Array, kv_mask_BxS: Array, cache=None, cache_index=0
+  ) -> Output:
     x = self._tap("embed", self.embed[...][tokens_BxT].astype(self.dtype))
     a = self.blocks[0].attn
-    sincos = rope_sincos(positions_BxT, a.head_dim, a.theta,
-                         rope_inv_freq(a.head_dim, a.theta, a.rope_scaling))
+    sincos = rope_sincos(
+        positions_BxT, a.head_dim, a.theta, rope_inv_freq(a.head_dim, a.theta, a.rope_scaling)
+    )
     new_cache = []
     for i, block in enumerate(self.blocks):
-      x, lc = block(x, sincos, kv_mask_BxS,
-                    None if cache is None else cache[i], cache_index)
+      x, lc = block(x, sincos, kv_mask_BxS, None if cache is None else cache[i], cache_index)
       new_cache.append(lc)
     h = self.final_norm(x)
     if self.lm_head is None:  # tied: the embedding table is the head
@@ -472,8 +494,7 @@ def init_cache(c, batch: int, slots: int) -> tuple:
   dh = head_dim_of(c)
   shape = (batch, c.num_kv_heads, slots, dh)
   dt = DTYPES[c.dtype]
-  return tuple(LayerCache(jnp.zeros(shape, dt), jnp.zeros(shape, dt))
-               for _ in range(c.num_layers))
+  return tuple(LayerCache(jnp.zeros(shape, dt), jnp.zeros(shape, dt)) for _ in range(c.num_layers))
 
 
 def build(c: ml_collections.ConfigDict, seed: int = 0):
@@ -483,11 +504,11 @@ def build(c: ml_collections.ConfigDict, seed: int = 0):
   return nnx.split(model, nnx.Param)
 
 
-def apply(graphdef, params, tokens_BxT, positions_BxT, kv_mask_BxS,
-          cache=None, cache_index=0) -> Output:
+def apply(
+    graphdef, params, tokens_BxT, positions_BxT, kv_mask_BxS, cache=None, cache_index=0
+) -> Output:
   """Pure functional forward: merge (trace-time only) and call."""
-  return nnx.merge(graphdef, params)(tokens_BxT, positions_BxT, kv_mask_BxS,
-                                     cache, cache_index)
+  return nnx.merge(graphdef, params)(tokens_BxT, positions_BxT, kv_mask_BxS, cache, cache_index)
 
 
 def config_of(graphdef, params) -> ml_collections.ConfigDict:
@@ -501,5 +522,8 @@ def param_count(params) -> int:
 
 def logical_axes(params):
   """Pytree of logical axis-name tuples, one per parameter (for sharding)."""
-  return jax.tree.map(lambda v: v.get_metadata().get("out_sharding"), params,
-                      is_leaf=lambda v: isinstance(v, nnx.Variable))
+  return jax.tree.map(
+      lambda v: v.get_metadata().get("out_sharding"),
+      params,
+      is_leaf=lambda v: isinstance(v, nnx.Variable),
+  )

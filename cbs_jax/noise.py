@@ -149,15 +149,13 @@ ESTIMATE_KEYS = ("trace_intra", "trace_inter", "g2")
 def _check_K(K) -> None:
   if int(K) != K or K < 2:
     raise ValueError(
-        f"K={K}: intra-prompt variance undefined for K=1 "
-        "(need K >= 2 rollouts per prompt)")
+        f"K={K}: intra-prompt variance undefined for K=1 " "(need K >= 2 rollouts per prompt)"
+    )
 
 
 def _check_P(P) -> None:
   if int(P) != P or P < 2:
-    raise ValueError(
-        f"P={P}: inter-prompt variance undefined for P=1 "
-        "(need P >= 2 prompts)")
+    raise ValueError(f"P={P}: inter-prompt variance undefined for P=1 " "(need P >= 2 prompts)")
 
 
 def check_batch_shape(P, K) -> None:
@@ -185,6 +183,7 @@ class GroupMoments:
   Leading ``...`` axes (e.g. from vmap over batches) broadcast through
   :func:`exact_estimates`.
   """
+
   sum_sqnorm_P: Array
   mean_sqnorm_P: Array
   batch_mean_sqnorm: Array
@@ -195,8 +194,7 @@ class GroupMoments:
     return int(self.sum_sqnorm_P.shape[-1])
 
 
-def moments_from_group_means(sum_sqnorm_P: Array, gbar_P: Any,
-                             K: int) -> GroupMoments:
+def moments_from_group_means(sum_sqnorm_P: Array, gbar_P: Any, K: int) -> GroupMoments:
   """GroupMoments from streamed pieces: per-prompt sum of squared norms and
   the group-mean gradients (array or pytree whose leaves lead with ``[P]``).
 
@@ -218,7 +216,10 @@ def moments_from_group_means(sum_sqnorm_P: Array, gbar_P: Any,
     batch_sq = batch_sq + jnp.sum(gbar * gbar)
   return GroupMoments(
       sum_sqnorm_P=jnp.asarray(sum_sqnorm_P, dtype=jnp.result_type(mean_sq)),
-      mean_sqnorm_P=mean_sq, batch_mean_sqnorm=batch_sq, K=int(K))
+      mean_sqnorm_P=mean_sq,
+      batch_mean_sqnorm=batch_sq,
+      K=int(K),
+  )
 
 
 def moments_from_grads(g_PxKxD: Any) -> GroupMoments:
@@ -236,8 +237,7 @@ def moments_from_grads(g_PxKxD: Any) -> GroupMoments:
   gbar_leaves = []
   for leaf in leaves:
     if leaf.shape[:2] != (P, K):
-      raise ValueError(
-          f"leaf leads with {leaf.shape[:2]}, expected (P, K)=({P}, {K})")
+      raise ValueError(f"leaf leads with {leaf.shape[:2]}, expected (P, K)=({P}, {K})")
     x = jnp.reshape(leaf, (P, K, -1)).astype(_acc_dtype(leaf))
     sum_sq = sum_sq + jnp.sum(x * x, axis=(1, 2))
     gbar_leaves.append(jnp.mean(x, axis=1))
@@ -256,9 +256,7 @@ def exact_estimates(m: GroupMoments) -> dict[str, Array]:
   s2_P = (m.sum_sqnorm_P - K * m.mean_sqnorm_P) / (K - 1)
   tr_intra = jnp.mean(s2_P, axis=-1)
   S2 = (jnp.sum(m.mean_sqnorm_P, axis=-1) - P * m.batch_mean_sqnorm) / (P - 1)
-  return dict(trace_intra=tr_intra,
-              trace_inter=S2 - tr_intra / K,
-              g2=m.batch_mean_sqnorm - S2 / P)
+  return dict(trace_intra=tr_intra, trace_inter=S2 - tr_intra / K, g2=m.batch_mean_sqnorm - S2 / P)
 
 
 def inter_by_group(m: GroupMoments, prompt_groups, gram) -> dict[str, Array]:
@@ -284,18 +282,17 @@ def inter_by_group(m: GroupMoments, prompt_groups, gram) -> dict[str, Array]:
   _check_P(P)
   groups = jnp.asarray(prompt_groups, jnp.int32)
   G = gram.shape[-1]
-  onehot = jax.nn.one_hot(groups, G, dtype=jnp.float32)          # [P, G]
-  count = jnp.sum(onehot, axis=0)                                  # [G]
+  onehot = jax.nn.one_hot(groups, G, dtype=jnp.float32)  # [P, G]
+  count = jnp.sum(onehot, axis=0)  # [G]
   s2_P = (m.sum_sqnorm_P - K * m.mean_sqnorm_P) / (K - 1)
-  sq_d = onehot.T @ m.mean_sqnorm_P                                # sum_{p in d} |gbar_p|^2
-  s2_d = onehot.T @ s2_P                                           # sum_{p in d} s2_p
-  cross_d = jnp.sum(gram, axis=-1) / P                             # S_d . gbar
-  gbar2 = jnp.sum(gram) / (P * P)                                  # |gbar|^2
+  sq_d = onehot.T @ m.mean_sqnorm_P  # sum_{p in d} |gbar_p|^2
+  s2_d = onehot.T @ s2_P  # sum_{p in d} s2_p
+  cross_d = jnp.sum(gram, axis=-1) / P  # S_d . gbar
+  gbar2 = jnp.sum(gram) / (P * P)  # |gbar|^2
   scatter = sq_d - 2 * cross_d + count * gbar2
   contrib = scatter / (P - 1) - s2_d / (P * K)
   total = jnp.sum(contrib)
-  return dict(contribution=contrib, count=count,
-              share=contrib / jnp.where(total == 0, 1.0, total))
+  return dict(contribution=contrib, count=count, share=contrib / jnp.where(total == 0, 1.0, total))
 
 
 # ----------------------------------------------------------------------------
@@ -311,6 +308,7 @@ class SplitMoments:
   In general they are the mean pairwise quantities of the module docstring.
   ``P``, ``K``, ``prompt_parts`` (m) and ``rollout_parts`` (n) are static.
   """
+
   d_intra: Array
   d_inter: Array
   cross: Array
@@ -330,11 +328,13 @@ def _check_split(P, K, m, n) -> None:
   if P % m:
     raise ValueError(
         f"P={P} is not divisible into {m} prompt parts: the prompt parts must "
-        f"have equal size P/{m}")
+        f"have equal size P/{m}"
+    )
   if K % n:
     raise ValueError(
         f"K={K} is not divisible into {n} rollout parts: each prompt's "
-        f"rollouts must split into equal parts of size K/{n}")
+        f"rollouts must split into equal parts of size K/{n}"
+    )
 
 
 def split_moments_from_quarters(q_ab: Any, P: int, K: int) -> SplitMoments:
@@ -359,14 +359,13 @@ def split_moments_from_quarters(q_ab: Any, P: int, K: int) -> SplitMoments:
     raise ValueError("q_ab leaves need leading (prompt_parts, rollout_parts) axes")
   m, n = leaves[0].shape[:2]
   _check_split(P, K, m, n)
-  within = 0.0    # sum_a sum_b |q_ab - r_a|^2
-  between = 0.0   # sum_a |r_a - rbar|^2
-  off = 0.0       # sum_{a != a'} r_a . r_a'
+  within = 0.0  # sum_a sum_b |q_ab - r_a|^2
+  between = 0.0  # sum_a |r_a - rbar|^2
+  off = 0.0  # sum_{a != a'} r_a . r_a'
   mask = 1.0 - jnp.eye(m)
   for leaf in leaves:
     if leaf.shape[:2] != (m, n):
-      raise ValueError(
-          f"q_ab leaf leads with {leaf.shape[:2]}, expected ({m}, {n})")
+      raise ValueError(f"q_ab leaf leads with {leaf.shape[:2]}, expected ({m}, {n})")
     x = jnp.reshape(leaf, (m, n, -1)).astype(_acc_dtype(leaf))
     r = jnp.mean(x, axis=1)
     within = within + jnp.sum(jnp.square(x - r[:, None, :]))
@@ -376,7 +375,11 @@ def split_moments_from_quarters(q_ab: Any, P: int, K: int) -> SplitMoments:
       d_intra=2.0 * within / (m * (n - 1)),
       d_inter=2.0 * between / (m - 1),
       cross=off / (m * (m - 1)),
-      P=int(P), K=int(K), prompt_parts=int(m), rollout_parts=int(n))
+      P=int(P),
+      K=int(K),
+      prompt_parts=int(m),
+      rollout_parts=int(n),
+  )
 
 
 def split_estimates(s: SplitMoments) -> dict[str, Array]:
@@ -388,16 +391,15 @@ def split_estimates(s: SplitMoments) -> dict[str, Array]:
   _check_split(P, K, m, n)
   N = P * K
   tr_intra = N / (2.0 * m * n) * s.d_intra
-  return dict(trace_intra=tr_intra,
-              trace_inter=P / (2.0 * m) * s.d_inter - tr_intra / K,
-              g2=s.cross)
+  return dict(
+      trace_intra=tr_intra, trace_inter=P / (2.0 * m) * s.d_inter - tr_intra / K, g2=s.cross
+  )
 
 
 # ----------------------------------------------------------------------------
 # Two-batch path.
 # ----------------------------------------------------------------------------
-def two_batch_estimates(sqnorm_small: Array, b_small, sqnorm_big: Array,
-                        b_big) -> dict[str, Array]:
+def two_batch_estimates(sqnorm_small: Array, b_small, sqnorm_big: Array, b_big) -> dict[str, Array]:
   """McCandlish et al. (2018, App. A) unbiased |G|^2 and tr(Sigma).
 
   Args:
@@ -415,8 +417,8 @@ def two_batch_estimates(sqnorm_small: Array, b_small, sqnorm_big: Array,
   if isinstance(b_small, (int, float)) and isinstance(b_big, (int, float)):
     if b_small <= 0 or b_big <= 0 or b_small == b_big:
       raise ValueError(
-          f"b_small={b_small}, b_big={b_big}: need two different positive "
-          "batch sizes")
+          f"b_small={b_small}, b_big={b_big}: need two different positive " "batch sizes"
+      )
   b_s = jnp.asarray(b_small, jnp.float32)
   b_b = jnp.asarray(b_big, jnp.float32)
   g2 = (b_b * sqnorm_big - b_s * sqnorm_small) / (b_b - b_s)

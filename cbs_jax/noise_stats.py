@@ -58,6 +58,7 @@ class NoiseStats:
     n_batches: batches behind the estimate (pooled M; 1 otherwise; EMA: the
       number of updates).
   """
+
   g2: float
   trace_intra: float
   trace_inter: float
@@ -94,15 +95,31 @@ def _derived(v: Mapping[str, np.ndarray], K: int) -> dict[str, np.ndarray]:
       ti = np.asarray(v["trace_intra"], np.float64)
       tb = np.asarray(v["trace_inter"], np.float64)
       tt = ti + K * tb
-      out = dict(g2=g2, trace_intra=ti, trace_inter=tb, trace_total=tt,
-                 b_intra=ti / g2, b_inter=tb / g2, b_noise=tt / g2,
-                 b_simple=tt / g2, ratio=ti / tb)
+      out = dict(
+          g2=g2,
+          trace_intra=ti,
+          trace_inter=tb,
+          trace_total=tt,
+          b_intra=ti / g2,
+          b_inter=tb / g2,
+          b_noise=tt / g2,
+          b_simple=tt / g2,
+          ratio=ti / tb,
+      )
     else:
       tt = np.asarray(v["trace_total"], np.float64)
       nan = np.full_like(g2, np.nan)
-      out = dict(g2=g2, trace_intra=nan, trace_inter=nan, trace_total=tt,
-                 b_intra=nan, b_inter=nan, b_noise=tt / g2, b_simple=tt / g2,
-                 ratio=nan)
+      out = dict(
+          g2=g2,
+          trace_intra=nan,
+          trace_inter=nan,
+          trace_total=tt,
+          b_intra=nan,
+          b_inter=nan,
+          b_noise=tt / g2,
+          b_simple=tt / g2,
+          ratio=nan,
+      )
   return out
 
 
@@ -129,18 +146,25 @@ def estimate_floats(estimates: Mapping[str, Any], P, K) -> dict[str, float]:
     if P < 1 or K < 1:
       raise ValueError(f"P={P}, K={K} must be positive")
     return {k: _to_float(estimates[k]) for k in ("trace_total", "g2")}
-  raise KeyError("estimates need (trace_intra, trace_inter, g2) or "
-                 "(trace_total, g2)")
+  raise KeyError("estimates need (trace_intra, trace_inter, g2) or " "(trace_total, g2)")
 
 
-def _build(point: Mapping[str, float], P: int, K: int, *, se: Mapping[str, float],
-           significant: bool | None, flags: list[str],
-           n_batches: int) -> NoiseStats:
+def _build(
+    point: Mapping[str, float],
+    P: int,
+    K: int,
+    *,
+    se: Mapping[str, float],
+    significant: bool | None,
+    flags: list[str],
+    n_batches: int,
+) -> NoiseStats:
   """Assemble NoiseStats; ``significant`` None means single-estimate rule."""
   d = {k: float(v) for k, v in _derived(point, K).items()}
   g2 = d["g2"]
-  tkeys = (("trace_intra", "trace_inter", "trace_total")
-           if "trace_intra" in point else ("trace_total",))
+  tkeys = (
+      ("trace_intra", "trace_inter", "trace_total") if "trace_intra" in point else ("trace_total",)
+  )
   traces = [d[k] for k in tkeys]
   flags = list(flags)
   if not all(math.isfinite(x) for x in [g2] + traces):
@@ -156,27 +180,39 @@ def _build(point: Mapping[str, float], P: int, K: int, *, se: Mapping[str, float
   else:
     ok = bool(significant)
     if not ok:
-      flags.append(f"g2 not significantly positive (g2={g2:.4g}, "
-                   f"se={se.get('g2', _NAN):.4g})")
+      flags.append(f"g2 not significantly positive (g2={g2:.4g}, " f"se={se.get('g2', _NAN):.4g})")
   fields = dict(d)
-  ses = {f"{k}_se": float(se.get(k, _NAN)) for k in
-         ("g2", "trace_intra", "trace_inter", "trace_total", "ratio")
-         + _B_FIELDS}
+  ses = {
+      f"{k}_se": float(se.get(k, _NAN))
+      for k in ("g2", "trace_intra", "trace_inter", "trace_total", "ratio") + _B_FIELDS
+  }
   if not ok:
     for k in _B_FIELDS:
       fields[k] = _NAN
       ses[f"{k}_se"] = _NAN
-  if not (math.isfinite(d["trace_inter"]) and d["trace_inter"] > 0.0
-          and math.isfinite(d["ratio"])):
+  if not (math.isfinite(d["trace_inter"]) and d["trace_inter"] > 0.0 and math.isfinite(d["ratio"])):
     fields["ratio"] = _NAN
     ses["ratio_se"] = _NAN
-  return NoiseStats(K=int(K), P=int(P), g2_positive=ok, flag="; ".join(flags),
-                    n_batches=int(n_batches), **fields, **ses)
+  return NoiseStats(
+      K=int(K),
+      P=int(P),
+      g2_positive=ok,
+      flag="; ".join(flags),
+      n_batches=int(n_batches),
+      **fields,
+      **ses,
+  )
 
 
-def noise_stats(estimates: Mapping[str, Any], P: int, K: int,
-                se: Mapping[str, Any] | None = None, *, flags=(),
-                n_batches: int = 1) -> NoiseStats:
+def noise_stats(
+    estimates: Mapping[str, Any],
+    P: int,
+    K: int,
+    se: Mapping[str, Any] | None = None,
+    *,
+    flags=(),
+    n_batches: int = 1,
+) -> NoiseStats:
   """NoiseStats from one estimate dict (exact, split, EMA or two-batch).
 
   Args:
@@ -196,8 +232,7 @@ def noise_stats(estimates: Mapping[str, Any], P: int, K: int,
   se_d = {}
   for k, v in (se or {}).items():
     se_d[k[:-3] if k.endswith("_se") else k] = _to_float(v)
-  return _build(point, P, K, se=se_d, significant=None, flags=list(flags),
-                n_batches=n_batches)
+  return _build(point, P, K, se=se_d, significant=None, flags=list(flags), n_batches=n_batches)
 
 
 # ----------------------------------------------------------------------------
@@ -206,13 +241,11 @@ def noise_stats(estimates: Mapping[str, Any], P: int, K: int,
 def _as_estimates(item: Any, P, K) -> dict[str, Any]:
   if isinstance(item, noise.GroupMoments):
     if item.K != K or item.P != P:
-      raise ValueError(f"GroupMoments has (P, K)=({item.P}, {item.K}), "
-                       f"expected ({P}, {K})")
+      raise ValueError(f"GroupMoments has (P, K)=({item.P}, {item.K}), " f"expected ({P}, {K})")
     return noise.exact_estimates(item)
   if isinstance(item, noise.SplitMoments):
     if item.K != K or item.P != P:
-      raise ValueError(f"SplitMoments has (P, K)=({item.P}, {item.K}), "
-                       f"expected ({P}, {K})")
+      raise ValueError(f"SplitMoments has (P, K)=({item.P}, {item.K}), " f"expected ({P}, {K})")
     return noise.split_estimates(item)
   if isinstance(item, Mapping):
     return item
@@ -242,8 +275,7 @@ def pooled_estimates(batches: Any, P: int, K: int) -> NoiseStats:
   """
   if isinstance(batches, (noise.GroupMoments, noise.SplitMoments, Mapping)):
     stacked = _as_estimates(batches, P, K)
-    cols = {k: np.asarray(v, np.float64).reshape(-1)
-            for k, v in stacked.items()}
+    cols = {k: np.asarray(v, np.float64).reshape(-1) for k, v in stacked.items()}
   else:
     ests = [_as_estimates(b, P, K) for b in batches]
     if not ests:
@@ -258,8 +290,7 @@ def pooled_estimates(batches: Any, P: int, K: int) -> NoiseStats:
   elif "trace_total" in cols:
     keys = ("trace_total", "g2")
   else:
-    raise KeyError("estimates need (trace_intra, trace_inter, g2) or "
-                   "(trace_total, g2)")
+    raise KeyError("estimates need (trace_intra, trace_inter, g2) or " "(trace_total, g2)")
   M = len(cols["g2"])
   if M < 2:
     raise ValueError(f"M={M} batches: pooling needs M >= 2 for a jackknife")
@@ -272,7 +303,5 @@ def pooled_estimates(batches: Any, P: int, K: int) -> NoiseStats:
     for name, th in reps.items():
       se[name] = float(np.sqrt((M - 1) / M * np.sum((th - th.mean()) ** 2)))
   g2, g2_se = mean["g2"], se["g2"]
-  significant = bool(math.isfinite(g2) and math.isfinite(g2_se)
-                     and g2 > 2.0 * g2_se)
-  return _build(mean, P, K, se=se, significant=significant, flags=[],
-                n_batches=M)
+  significant = bool(math.isfinite(g2) and math.isfinite(g2_se) and g2 > 2.0 * g2_se)
+  return _build(mean, P, K, se=se, significant=significant, flags=[], n_batches=M)

@@ -55,8 +55,7 @@ class NoiseEMA:
       return {k: _NAN for k in noise.ESTIMATE_KEYS}
     return {k: self.sums[k] / self.weight for k in noise.ESTIMATE_KEYS}
 
-  def update(self, estimates: Mapping[str, Any], P: int,
-             K: int) -> noise_stats.NoiseStats:
+  def update(self, estimates: Mapping[str, Any], P: int, K: int) -> noise_stats.NoiseStats:
     x = noise_stats.estimate_floats(estimates, P, K)
     if "trace_intra" not in x:
       raise KeyError("NoiseEMA needs trace_intra, trace_inter, g2")
@@ -67,7 +66,7 @@ class NoiseEMA:
       self.weight = self.decay * self.weight + 1.0
       self.count += 1
       t, g = x["trace_intra"] + K * x["trace_inter"], x["g2"]
-      d, d2, m = self.decay, self.decay ** 2, self.moments
+      d, d2, m = self.decay, self.decay**2, self.moments
       for k, v in (("t", t), ("g", g)):
         m[k] = d * m[k] + v
       for k, v in (("tt", t * t), ("gg", g * g), ("tg", t * g)):
@@ -78,8 +77,7 @@ class NoiseEMA:
     return self.stats(P, K, _flags=flags)
 
   def stats(self, P: int, K: int, _flags=()) -> noise_stats.NoiseStats:
-    return noise_stats.noise_stats(self.value(), P, K, flags=_flags,
-                                   n_batches=self.count)
+    return noise_stats.noise_stats(self.value(), P, K, flags=_flags, n_batches=self.count)
 
   def interval(self, z: float = 2.0) -> dict[str, float]:
     """B_noise at the K of the updates, with a standard error and an interval.
@@ -116,8 +114,7 @@ class NoiseEMA:
     """
     m, W = self.moments, self.weight
     if self.count < 3 or W <= 0 or m["w2"] <= 0:
-      return dict(b_noise=_NAN, se=_NAN, lo=0.0, hi=math.inf, resolved=False, n_eff=0.0,
-                  z=math.inf)
+      return dict(b_noise=_NAN, se=_NAN, lo=0.0, hi=math.inf, resolved=False, n_eff=0.0, z=math.inf)
     mt, mg = m["t"] / W, m["g"] / W
     n_eff = W * W / m["w2"]
     corr = n_eff / max(n_eff - 1.0, 1e-12)  # unbiased weighted (co)variances
@@ -128,19 +125,31 @@ class NoiseEMA:
     ctg = max(-math.sqrt(vt * vg), min(ctg, math.sqrt(vt * vg)))  # a valid covariance
     se_g = math.sqrt(vg)
     if not mg > z * se_g:
-      return dict(b_noise=mt / mg if mg > 0 else _NAN, se=_NAN, lo=0.0, hi=math.inf,
-                  resolved=False, n_eff=n_eff, z=z)
+      return dict(
+          b_noise=mt / mg if mg > 0 else _NAN,
+          se=_NAN,
+          lo=0.0,
+          hi=math.inf,
+          resolved=False,
+          n_eff=n_eff,
+          z=z,
+      )
     r = mt / mg
     var_r = (vt - 2 * r * ctg + r * r * vg) / (mg * mg)
     se = math.sqrt(max(var_r, 0.0))
     lo, hi = stats.fieller_interval(mt, mg, vt, vg, ctg, z)  # bounded: G resolved
-    return dict(b_noise=r, se=se, lo=max(min(lo, r), 0.0), hi=max(hi, r), resolved=True,
-                n_eff=n_eff, z=z)
+    return dict(
+        b_noise=r, se=se, lo=max(min(lo, r), 0.0), hi=max(hi, r), resolved=True, n_eff=n_eff, z=z
+    )
 
   def state_dict(self) -> dict[str, float]:
-    return dict(decay=self.decay, count=float(self.count),
-                weight=self.weight, **self.sums,
-                **{f"m_{k}": v for k, v in self.moments.items()})
+    return dict(
+        decay=self.decay,
+        count=float(self.count),
+        weight=self.weight,
+        **self.sums,
+        **{f"m_{k}": v for k, v in self.moments.items()},
+    )
 
   def load_state_dict(self, state: Mapping[str, Any]) -> None:
     self.decay = float(state["decay"])

@@ -35,6 +35,7 @@ tensorboardX for the URI's scheme): the event file is kept in memory and
 uploaded whole at every flush, as tensorboardX's own GCS writer does (that
 one needs google-cloud-storage; this one only ``etils.epath``).
 """
+
 from __future__ import annotations
 
 import io
@@ -73,7 +74,7 @@ def resolve(base: str, path: str) -> str:
     return path
   if is_remote(base):
     prefix = f"{scheme(base)}://"
-    rest = posixpath.normpath(posixpath.join(base[len(prefix):], path))
+    rest = posixpath.normpath(posixpath.join(base[len(prefix) :], path))
     if rest == ".." or rest.startswith("../"):
       raise ValueError(f"{path!r} under {base!r} leaves the bucket")
     return prefix + rest

@@ -37,6 +37,7 @@ directory's ``config.json`` (written by ``cbs_jax.main`` and ``cbs_jax.sweep``);
 completion lengths from the task's layout (``rollouts.Layout``) unless given.
 B_noise is measured at the run's K; the table keeps that K (P = N / K).
 """
+
 from __future__ import annotations
 
 import glob
@@ -60,6 +61,7 @@ _MEASURE_RE = re.compile(r"measure_round(\d+)_P(\d+)_K(\d+)\.json$")
 
 
 # ----------------------------------------------------------------- inputs
+
 
 def _finite_pos(x) -> bool:
   try:
@@ -86,10 +88,18 @@ def load_noise(run_dir: str) -> dict:
       with open(path) as f:
         rec = json.load(f)
       ex = rec["exact"]
-      candidates.append(dict(b_noise=ex.get("b_noise"), b_noise_se=ex.get("b_noise_se"),
-                             K=rec.get("K", ex.get("K")), P=rec.get("P"), M=rec.get("M"),
-                             flag=ex.get("flag", ""), source=path,
-                             kind="fixed-parameter measurement (cbs_jax.measure, exact)"))
+      candidates.append(
+          dict(
+              b_noise=ex.get("b_noise"),
+              b_noise_se=ex.get("b_noise_se"),
+              K=rec.get("K", ex.get("K")),
+              P=rec.get("P"),
+              M=rec.get("M"),
+              flag=ex.get("flag", ""),
+              source=path,
+              kind="fixed-parameter measurement (cbs_jax.measure, exact)",
+          )
+      )
     except (OSError, ValueError, KeyError, TypeError) as e:
       rejected.append(f"{path}: unreadable ({type(e).__name__}: {e})")
   spath = os.path.join(run_dir, SUMMARY)
@@ -101,10 +111,17 @@ def load_noise(run_dir: str) -> dict:
       if nz is None:
         rejected.append(f"{spath}: no 'noise' block (split tracker off or < 2 rounds)")
       else:
-        candidates.append(dict(b_noise=nz.get("b_noise"), b_noise_se=nz.get("b_noise_se"),
-                               K=nz.get("K"), rounds_pooled=nz.get("rounds_pooled"),
-                               flag=nz.get("flag", ""), source=spath,
-                               kind="training tracker, pooled split estimates (summary.json)"))
+        candidates.append(
+            dict(
+                b_noise=nz.get("b_noise"),
+                b_noise_se=nz.get("b_noise_se"),
+                K=nz.get("K"),
+                rounds_pooled=nz.get("rounds_pooled"),
+                flag=nz.get("flag", ""),
+                source=spath,
+                kind="training tracker, pooled split estimates (summary.json)",
+            )
+        )
     except (OSError, ValueError, AttributeError) as e:
       rejected.append(f"{spath}: unreadable ({type(e).__name__}: {e})")
   for c in candidates:
@@ -112,12 +129,16 @@ def load_noise(run_dir: str) -> dict:
       c["b_noise"] = float(c["b_noise"])
       c["b_noise_se"] = float(c["b_noise_se"]) if c.get("b_noise_se") is not None else None
       return c
-    rejected.append(f"{c['source']}: b_noise={c['b_noise']!r} not finite and positive"
-                    + (f" (flag: {c['flag']})" if c.get("flag") else ""))
+    rejected.append(
+        f"{c['source']}: b_noise={c['b_noise']!r} not finite and positive"
+        + (f" (flag: {c['flag']})" if c.get("flag") else "")
+    )
   if not candidates and not rejected:
     raise ValueError(f"run_dir {run_dir!r} holds no noise record: looked for {looked}")
-  raise ValueError(f"run_dir {run_dir!r} has no usable noise record (looked for {looked}): "
-                   + "; ".join(rejected))
+  raise ValueError(
+      f"run_dir {run_dir!r} has no usable noise record (looked for {looked}): "
+      + "; ".join(rejected)
+  )
 
 
 def load_run_config(run_dir: str) -> ml_collections.ConfigDict | None:
@@ -134,6 +155,7 @@ def task_lengths(config) -> tuple[int, int, int]:
   training lays it out (``rollouts.Layout.for_task``)."""
   from cbs_jax import rollouts
   from cbs_jax import tasks
+
   kw = config.task.get("kwargs", {})
   kw = kw.to_dict() if hasattr(kw, "to_dict") else dict(kw)
   task = tasks.make_task(config.task.name, **kw)
@@ -145,8 +167,10 @@ def task_lengths(config) -> tuple[int, int, int]:
 def _normalise_b(noise_or_fit: Mapping[str, Any]) -> dict:
   """{b, b_se, s_min, K, source, is_fit} from a fit or a noise record."""
   if not isinstance(noise_or_fit, Mapping):
-    raise ValueError(f"noise_or_fit must be a mapping with b_crit (a fit) or b_noise "
-                     f"(a noise record), got {type(noise_or_fit).__name__}")
+    raise ValueError(
+        f"noise_or_fit must be a mapping with b_crit (a fit) or b_noise "
+        f"(a noise record), got {type(noise_or_fit).__name__}"
+    )
   d = {str(k).lower(): v for k, v in noise_or_fit.items()}
   s_min, e_min = d.get("s_min"), d.get("e_min")
   for name, v in (("s_min", s_min), ("e_min", e_min)):
@@ -161,17 +185,29 @@ def _normalise_b(noise_or_fit: Mapping[str, Any]) -> dict:
     b = float(b)
     if s_min is None and e_min is not None:
       s_min = float(e_min) / b
-    return dict(b=b, b_se=d.get("b_crit_se"), s_min=None if s_min is None else float(s_min),
-                K=d.get("k"), is_fit=True,
-                source=d.get("source", "fit of S(N) = S_min (1 + B_crit / N)"))
+    return dict(
+        b=b,
+        b_se=d.get("b_crit_se"),
+        s_min=None if s_min is None else float(s_min),
+        K=d.get("k"),
+        is_fit=True,
+        source=d.get("source", "fit of S(N) = S_min (1 + B_crit / N)"),
+    )
   if "b_noise" in d:
     if not _finite_pos(d["b_noise"]):
-      raise ValueError(f"b_noise={d['b_noise']!r} must be a positive finite number (rollouts)"
-                       + (f"; flag: {d['flag']}" if d.get("flag") else ""))
+      raise ValueError(
+          f"b_noise={d['b_noise']!r} must be a positive finite number (rollouts)"
+          + (f"; flag: {d['flag']}" if d.get("flag") else "")
+      )
     se = d.get("b_noise_se")
-    return dict(b=float(d["b_noise"]), b_se=float(se) if _finite_pos(se) else None,
-                s_min=None if s_min is None else float(s_min), K=d.get("k"), is_fit=False,
-                source=d.get("source", "noise record"))
+    return dict(
+        b=float(d["b_noise"]),
+        b_se=float(se) if _finite_pos(se) else None,
+        s_min=None if s_min is None else float(s_min),
+        K=d.get("k"),
+        is_fit=False,
+        source=d.get("source", "noise record"),
+    )
   raise ValueError(f"noise_or_fit has neither b_crit nor b_noise; keys: {sorted(d)}")
 
 
@@ -198,11 +234,25 @@ def _argmin_n(ns, b, round_s) -> int:
 
 # ----------------------------------------------------------------- the plan
 
-def recommend(noise_or_fit: Mapping[str, Any], accelerator: Any, chips: int, model_cfg: Any,
-              prompt_len: int, completion_len: int, *, optim: Any = None,
-              ns: Sequence[int] | None = None, min_n: int = 16, max_n: int = 65536,
-              parallel: str = "data", mfu: float = 1.0, epochs: int = 1,
-              extra_forwards: int = 0, full_cache: bool = False) -> dict:
+
+def recommend(
+    noise_or_fit: Mapping[str, Any],
+    accelerator: Any,
+    chips: int,
+    model_cfg: Any,
+    prompt_len: int,
+    completion_len: int,
+    *,
+    optim: Any = None,
+    ns: Sequence[int] | None = None,
+    min_n: int = 16,
+    max_n: int = 65536,
+    parallel: str = "data",
+    mfu: float = 1.0,
+    epochs: int = 1,
+    extra_forwards: int = 0,
+    full_cache: bool = False,
+) -> dict:
   """Predicted time-to-target over N and the N that minimises it.
 
   Args:
@@ -238,21 +288,49 @@ def recommend(noise_or_fit: Mapping[str, Any], accelerator: Any, chips: int, mod
     lr0, rule, ref = optim["lr"], optim.get("lr_rule", "sqrt"), optim.get("ref_batch", 256)
     lr_of = lambda n: lr0 * lr_rules.lr_scale(rule, n, ref)
 
-  costs = [systems.round_time(dims, acc, n, prompt_len, completion_len, chips=chips,
-                              parallel=parallel, mfu=mfu, epochs=epochs,
-                              extra_forwards=extra_forwards, full_cache=full_cache)
-           for n in ns]
+  costs = [
+      systems.round_time(
+          dims,
+          acc,
+          n,
+          prompt_len,
+          completion_len,
+          chips=chips,
+          parallel=parallel,
+          mfu=mfu,
+          epochs=epochs,
+          extra_forwards=extra_forwards,
+          full_cache=full_cache,
+      )
+      for n in ns
+  ]
   times = [(1.0 + b / n) * c.total_s for n, c in zip(ns, costs)]  # / S_min
   t_best = min(times)
   rows = []
   for n, c, t in zip(ns, costs, times):
-    rows.append(dict(
-        n=n, p=(n // K if K and n % K == 0 else None), s_rel=1.0 + b / n, e_rel=1.0 + n / b,
-        round_s=c.total_s, gen_s=c.gen_s, train_s=c.train_s, rollouts_per_s=c.rollouts_per_s,
-        time_rel=t / t_best, time_s=None if info["s_min"] is None else info["s_min"] * t,
-        lr=None if lr_of is None else lr_of(n), waves=c.waves,
-        decode_bound=("compute" if c.decode_compute_steps == c.decode_steps else
-                      "memory" if c.decode_compute_steps == 0 else "mixed")))
+    rows.append(
+        dict(
+            n=n,
+            p=(n // K if K and n % K == 0 else None),
+            s_rel=1.0 + b / n,
+            e_rel=1.0 + n / b,
+            round_s=c.total_s,
+            gen_s=c.gen_s,
+            train_s=c.train_s,
+            rollouts_per_s=c.rollouts_per_s,
+            time_rel=t / t_best,
+            time_s=None if info["s_min"] is None else info["s_min"] * t,
+            lr=None if lr_of is None else lr_of(n),
+            waves=c.waves,
+            decode_bound=(
+                "compute"
+                if c.decode_compute_steps == c.decode_steps
+                else "memory"
+                if c.decode_compute_steps == 0
+                else "mixed"
+            ),
+        )
+    )
   i_best = int(np.argmin(times))
   best = rows[i_best]
 
@@ -263,11 +341,25 @@ def recommend(noise_or_fit: Mapping[str, Any], accelerator: Any, chips: int, mod
     n_lo = _argmin_n(ns, lo_b, round_s) if lo_b > 0 else ns[0]
     n_range = (n_lo, _argmin_n(ns, b + 2 * info["b_se"], round_s))
 
-  out = dict(b=b, b_se=info["b_se"], b_is_fit=info["is_fit"], b_source=info["source"], K=K,
-             s_min=info["s_min"], accelerator=acc.name, accelerator_desc=systems.describe(acc, chips),
-             chips=chips, parallel=parallel, mfu=mfu, prompt_len=prompt_len,
-             completion_len=completion_len, dims=dict(systems.dims_summary(dims)),
-             rows=rows, best=best, n_range_2se=n_range)
+  out = dict(
+      b=b,
+      b_se=info["b_se"],
+      b_is_fit=info["is_fit"],
+      b_source=info["source"],
+      K=K,
+      s_min=info["s_min"],
+      accelerator=acc.name,
+      accelerator_desc=systems.describe(acc, chips),
+      chips=chips,
+      parallel=parallel,
+      mfu=mfu,
+      prompt_len=prompt_len,
+      completion_len=completion_len,
+      dims=dict(systems.dims_summary(dims)),
+      rows=rows,
+      best=best,
+      n_range_2se=n_range,
+  )
   out["reasoning"] = _reasoning(out, dims, acc, chips, parallel, prompt_len, completion_len)
   return out
 
@@ -278,66 +370,94 @@ def _reasoning(res, dims, acc, chips, parallel, Tp, Tc) -> list[str]:
   if res["b_is_fit"]:
     lines.append(f"B = B_crit = {b:.4g} rollouts from {res['b_source']}.")
   else:
-    lines.append(f"B = B_noise = {b:.4g} rollouts"
-                 + (f" (+-{res['b_se']:.2g})" if res["b_se"] else "")
-                 + f" used as the estimate of B_crit (from {res['b_source']}); "
-                 "B_noise is an upper-ish proxy (McCandlish et al. 2018), so a fitted "
-                 "B_crit may put the optimum lower.")
+    lines.append(
+        f"B = B_noise = {b:.4g} rollouts"
+        + (f" (+-{res['b_se']:.2g})" if res["b_se"] else "")
+        + f" used as the estimate of B_crit (from {res['b_source']}); "
+        "B_noise is an upper-ish proxy (McCandlish et al. 2018), so a fitted "
+        "B_crit may put the optimum lower."
+    )
   rps = np.array([r["rollouts_per_s"] for r in rows])
   i90 = int(np.argmax(rps >= 0.9 * rps.max()))
   ctx = Tp + (Tc + 1) / 2
   bstar = systems.crossover_batch(dims, acc, ctx, chips, parallel)
-  cross = ("memory-bound at every batch (KV-cache reads dominate)" if math.isinf(bstar)
-           else f"compute-bound above ~{bstar:.3g} sequences")
-  lines.append(f"Throughput: {rps[0]:.4g} rollouts/s at N={rows[0]['n']} rising to "
-               f"{rps.max():.4g}; it reaches 90% of that at N={rows[i90]['n']} (decode at "
-               f"the mean context {ctx:g} is {cross}; the update is compute-bound).")
-  lines.append(f"Samples: E/E_min = 1 + N/B, x2 at N = B = {b:.4g}; beyond it each "
-               "doubling of N nearly doubles the rollouts to target and saves less than a "
-               "third of the rounds.")
+  cross = (
+      "memory-bound at every batch (KV-cache reads dominate)"
+      if math.isinf(bstar)
+      else f"compute-bound above ~{bstar:.3g} sequences"
+  )
+  lines.append(
+      f"Throughput: {rps[0]:.4g} rollouts/s at N={rows[0]['n']} rising to "
+      f"{rps.max():.4g}; it reaches 90% of that at N={rows[i90]['n']} (decode at "
+      f"the mean context {ctx:g} is {cross}; the update is compute-bound)."
+  )
+  lines.append(
+      f"Samples: E/E_min = 1 + N/B, x2 at N = B = {b:.4g}; beyond it each "
+      "doubling of N nearly doubles the rollouts to target and saves less than a "
+      "third of the rounds."
+  )
   k = rows.index(best)
   why = []
   if k + 1 < len(rows):
     up = rows[k + 1]
-    why.append(f"doubling to N={up['n']} cuts rounds x{up['s_rel'] / best['s_rel']:.3f} "
-               f"but lengthens each round x{up['round_s'] / best['round_s']:.3f}")
+    why.append(
+        f"doubling to N={up['n']} cuts rounds x{up['s_rel'] / best['s_rel']:.3f} "
+        f"but lengthens each round x{up['round_s'] / best['round_s']:.3f}"
+    )
   if k > 0:
     dn = rows[k - 1]
-    why.append(f"halving to N={dn['n']} shortens rounds x{dn['round_s'] / best['round_s']:.3f} "
-               f"but needs x{dn['s_rel'] / best['s_rel']:.3f} the rounds")
+    why.append(
+        f"halving to N={dn['n']} shortens rounds x{dn['round_s'] / best['round_s']:.3f} "
+        f"but needs x{dn['s_rel'] / best['s_rel']:.3f} the rounds"
+    )
   lr = "" if best["lr"] is None else f", lr {best['lr']:.3g}"
-  lines.append(f"Recommended N = {best['n']}"
-               + (f" (P = {best['p']} prompts x K = {res['K']})" if best["p"] else "")
-               + f"{lr}: " + ("; ".join(why) or "the only N") + ".")
+  lines.append(
+      f"Recommended N = {best['n']}"
+      + (f" (P = {best['p']} prompts x K = {res['K']})" if best["p"] else "")
+      + f"{lr}: "
+      + ("; ".join(why) or "the only N")
+      + "."
+  )
   if k in (0, len(rows) - 1) and len(rows) > 1:
     lines.append("The optimum is at the edge of the table: widen --min_n/--max_n.")
   if res["n_range_2se"]:
     lo, hi = res["n_range_2se"]
     lines.append(f"With B at -2 SE .. +2 SE the optimum moves over N = {lo} .. {hi}.")
   if res["s_min"] is not None:
-    lines.append(f"Predicted time to target at N={best['n']}: {best['time_s']:.4g} s "
-                 f"(S_min = {res['s_min']:.4g} rounds; roofline, so a lower bound).")
+    lines.append(
+        f"Predicted time to target at N={best['n']}: {best['time_s']:.4g} s "
+        f"(S_min = {res['s_min']:.4g} rounds; roofline, so a lower bound)."
+    )
   else:
-    lines.append("S_min unknown: times are relative to the best N (S_min cancels in the "
-                 "argmin).")
+    lines.append(
+        "S_min unknown: times are relative to the best N (S_min cancels in the " "argmin)."
+    )
   return lines
 
 
 def format_report(res: dict) -> str:
-  head = [f"accelerator: {res['accelerator_desc']}, parallel={res['parallel']}, "
-          f"update mfu={res['mfu']}",
-          f"model: {res['dims']['params']} params ({res['dims']['active_params']} active); "
-          f"prompt {res['prompt_len']} + completion {res['completion_len']} tokens",
-          f"B = {res['b']:.4g} rollouts ({'B_crit fit' if res['b_is_fit'] else 'B_noise as B_crit'})"]
+  head = [
+      f"accelerator: {res['accelerator_desc']}, parallel={res['parallel']}, "
+      f"update mfu={res['mfu']}",
+      f"model: {res['dims']['params']} params ({res['dims']['active_params']} active); "
+      f"prompt {res['prompt_len']} + completion {res['completion_len']} tokens",
+      f"B = {res['b']:.4g} rollouts ({'B_crit fit' if res['b_is_fit'] else 'B_noise as B_crit'})",
+  ]
   cols = ["N", "P", "S/S_min", "E/E_min", "rollouts/s", "round_s", "rel_time"]
   if res["s_min"] is not None:
     cols.append("time_s")
   cols += ["lr", "decode"]
   lines = head + ["", "".join(f"{c:>12}" for c in cols)]
   for r in res["rows"]:
-    vals = [f"{r['n']}", "-" if r["p"] is None else f"{r['p']}", f"{r['s_rel']:.4f}",
-            f"{r['e_rel']:.4f}", f"{r['rollouts_per_s']:.4g}", f"{r['round_s']:.3g}",
-            f"{r['time_rel']:.4f}"]
+    vals = [
+        f"{r['n']}",
+        "-" if r["p"] is None else f"{r['p']}",
+        f"{r['s_rel']:.4f}",
+        f"{r['e_rel']:.4f}",
+        f"{r['rollouts_per_s']:.4g}",
+        f"{r['round_s']:.3g}",
+        f"{r['time_rel']:.4f}",
+    ]
     if res["s_min"] is not None:
       vals.append(f"{r['time_s']:.4g}")
     vals += ["-" if r["lr"] is None else f"{r['lr']:.3g}", r["decode_bound"]]
@@ -350,17 +470,25 @@ def format_report(res: dict) -> str:
 
 # ----------------------------------------------------------------- CLI
 
+
 def _define_flags():
   from absl import flags
   from ml_collections import config_flags
-  config_flags.DEFINE_config_file("config", None, "Config of the run (model dims, optimizer, "
-                                  "task); default: the run_dir's config.json.")
+
+  config_flags.DEFINE_config_file(
+      "config",
+      None,
+      "Config of the run (model dims, optimizer, " "task); default: the run_dir's config.json.",
+  )
   flags.DEFINE_string("run_dir", None, "Run directory with summary.json and/or measure_*.json.")
   flags.DEFINE_float("b_crit", None, "Fitted B_crit (rollouts), instead of a run_dir's B_noise.")
   flags.DEFINE_float("s_min", None, "Fitted S_min (rounds): gives absolute times.")
   flags.DEFINE_float("e_min", None, "Fitted E_min (rollouts); S_min = E_min / B_crit.")
-  flags.DEFINE_string("accelerator", "cpu", "One of: " + ", ".join(systems.known_accelerators())
-                      + " (cpu is measured on this machine).")
+  flags.DEFINE_string(
+      "accelerator",
+      "cpu",
+      "One of: " + ", ".join(systems.known_accelerators()) + " (cpu is measured on this machine).",
+  )
   flags.DEFINE_integer("chips", 1, "Number of chips.")
   flags.DEFINE_enum("parallel", "data", list(systems.PARALLEL), "How chips share the work.")
   flags.DEFINE_integer("min_n", 16, "Smallest N (rollouts) tabulated (powers of two).")
@@ -383,16 +511,18 @@ def plan_from_flags(F) -> dict:
     raise ValueError("give --run_dir (a run directory with a noise record) or --b_crit")
   config = F.config if F.config is not None else run_cfg
   if config is None:
-    raise ValueError("no model dims: pass --config=configs/... or a --run_dir holding "
-                     "config.json")
+    raise ValueError(
+        "no model dims: pass --config=configs/... or a --run_dir holding " "config.json"
+    )
   config = ml_collections.ConfigDict(config.to_dict())
   Tp, Tc = F.prompt_len, F.completion_len
   if not (Tp and Tc):
     try:
       tp, tc, vocab = task_lengths(config)
     except (ValueError, KeyError, AttributeError, TypeError) as e:
-      raise ValueError(f"cannot lay out the config's task ({e}); pass --prompt_len and "
-                       "--completion_len") from None
+      raise ValueError(
+          f"cannot lay out the config's task ({e}); pass --prompt_len and " "--completion_len"
+      ) from None
     Tp, Tc = Tp or tp, Tc or tc
     config.model.vocab_size = vocab  # what training sets from the tokenizer
   rl = config.get("rl", {})
@@ -400,13 +530,26 @@ def plan_from_flags(F) -> dict:
   epochs = int(config.get("batch", {}).get("num_epochs", 1))
   K = rec.get("K") or config.get("batch", {}).get("rollouts_per_prompt")
   rec = dict(rec, K=K)
-  return recommend(rec, F.accelerator, F.chips, config.model, Tp, Tc,
-                   optim=config.get("optim"), min_n=F.min_n, max_n=F.max_n,
-                   parallel=F.parallel, mfu=F.mfu, epochs=epochs, extra_forwards=extra)
+  return recommend(
+      rec,
+      F.accelerator,
+      F.chips,
+      config.model,
+      Tp,
+      Tc,
+      optim=config.get("optim"),
+      min_n=F.min_n,
+      max_n=F.max_n,
+      parallel=F.parallel,
+      mfu=F.mfu,
+      epochs=epochs,
+      extra_forwards=extra,
+  )
 
 
 def main(argv):
   from absl import flags
+
   if len(argv) > 1:
     print(f"plan: error: unexpected arguments {argv[1:]}", file=sys.stderr)
     return 2
@@ -426,5 +569,6 @@ def main(argv):
 
 if __name__ == "__main__":
   from absl import app
+
   _define_flags()
   app.run(main)

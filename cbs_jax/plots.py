@@ -18,6 +18,7 @@ generation rounds, prompts, fraction).
                                 target=0.55)
     plots.save(fig, "experiments/results/x/x.png")
 """
+
 from __future__ import annotations
 
 import math
@@ -29,8 +30,7 @@ from matplotlib import ticker, transforms
 from matplotlib.figure import Figure
 
 # Okabe-Ito, black first; markers and dash patterns carry the distinction in grey.
-COLORS = ("#000000", "#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9",
-          "#F0E442")
+COLORS = ("#000000", "#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#F0E442")
 MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*", "<", ">")
 LINESTYLES = ("-", "--", "-.", ":", (0, (5, 1, 1, 1, 1, 1)), (0, (1, 1)), (0, (8, 2)))
 DPI = 120
@@ -39,13 +39,19 @@ BAND_ALPHA = 0.18
 
 def style(i: int) -> dict:
   """Colour, marker and line style of the ``i``-th series (distinct in grey)."""
-  return dict(color=COLORS[i % len(COLORS)], marker=MARKERS[i % len(MARKERS)],
-              linestyle=LINESTYLES[i % len(LINESTYLES)])
+  return dict(
+      color=COLORS[i % len(COLORS)],
+      marker=MARKERS[i % len(MARKERS)],
+      linestyle=LINESTYLES[i % len(LINESTYLES)],
+  )
 
 
 def _arr(x) -> np.ndarray:
-  return np.array([np.nan if v is None else v for v in np.ravel(np.asarray(x, object))],
-                  np.float64) if x is not None else None
+  return (
+      np.array([np.nan if v is None else v for v in np.ravel(np.asarray(x, object))], np.float64)
+      if x is not None
+      else None
+  )
 
 
 def _markevery(n: int) -> int:
@@ -63,8 +69,7 @@ def _band(ax, x, lo, hi, color, label=None):
   ok = np.isfinite(x) & np.isfinite(lo) & np.isfinite(hi)
   if not ok.any():
     return
-  ax.fill_between(x[ok], lo[ok], hi[ok], color=color, alpha=BAND_ALPHA, linewidth=0,
-                  label=label)
+  ax.fill_between(x[ok], lo[ok], hi[ok], color=color, alpha=BAND_ALPHA, linewidth=0, label=label)
   for edge in (lo, hi):
     ax.plot(x[ok], edge[ok], color=color, linewidth=0.6, linestyle=":")
 
@@ -73,8 +78,14 @@ def _targets(ax, target):
   if target is None:
     return
   for j, t in enumerate(np.atleast_1d(np.asarray(target, np.float64))):
-    ax.axhline(t, color="0.3", linewidth=0.9, linestyle=(0, (4, 2)) if j == 0 else ":",
-               label=f"target {t:g}", zorder=0)
+    ax.axhline(
+        t,
+        color="0.3",
+        linewidth=0.9,
+        linestyle=(0, (4, 2)) if j == 0 else ":",
+        label=f"target {t:g}",
+        zorder=0,
+    )
 
 
 def _legend(ax, **kw):
@@ -89,9 +100,14 @@ def _log_ok(*arrays) -> bool:
   return v.size > 0 and bool(np.all(v > 0))
 
 
-def learning_curves(curves: Sequence[Mapping[str, Any]], target=None, title: str | None = None,
-                    ylabel: str = "held-out pass@1 (fraction)",
-                    step_label: str = "optimizer steps", logx: bool = False) -> Figure:
+def learning_curves(
+    curves: Sequence[Mapping[str, Any]],
+    target=None,
+    title: str | None = None,
+    ylabel: str = "held-out pass@1 (fraction)",
+    step_label: str = "optimizer steps",
+    logx: bool = False,
+) -> Figure:
   """Value against rollouts (left) and against steps (right).
 
   ``curves``: dicts ``dict(label=..., rollouts=[...], steps=[...],
@@ -114,8 +130,15 @@ def learning_curves(curves: Sequence[Mapping[str, Any]], target=None, title: str
         raise ValueError(f"curve {c.get('label')!r}: {key} has {x.size} points, value {v.size}")
       if c.get("lo") is not None and c.get("hi") is not None:
         _band(ax, x, c["lo"], c["hi"], st["color"])
-      ax.plot(x, v, label=str(c.get("label", f"curve {i}")), markevery=_markevery(v.size),
-              markersize=4, linewidth=1.3, **st)
+      ax.plot(
+          x,
+          v,
+          label=str(c.get("label", f"curve {i}")),
+          markevery=_markevery(v.size),
+          markersize=4,
+          linewidth=1.3,
+          **st,
+      )
   for ax, xl in ((ax_r, "rollouts generated (rollouts)"), (ax_s, f"{step_label} (count)")):
     _targets(ax, target)
     ax.set_xlabel(xl)
@@ -140,8 +163,11 @@ def _points(points) -> dict:
     points = list(points)
     cols = {k: [p.get(k) for p in points] for k in ("N", "S", "E", "seed")}
   N, S = _arr(cols["N"]), _arr(cols["S"])
-  E = _arr(cols["E"]) if cols.get("E") is not None and any(
-      e is not None for e in cols["E"]) else N * S
+  E = (
+      _arr(cols["E"])
+      if cols.get("E") is not None and any(e is not None for e in cols["E"])
+      else N * S
+  )
   seed = cols.get("seed") or [None] * N.size
   if not (N.size == S.size == E.size == len(seed)):
     raise ValueError("points need as many N, S, E and seed values")
@@ -166,8 +192,12 @@ def _e_min(fit) -> float:
   return float(e_min)
 
 
-def pareto(points, fit: Mapping[str, Any] | None = None, title: str | None = None,
-           step_label: str = "optimizer steps") -> Figure:
+def pareto(
+    points,
+    fit: Mapping[str, Any] | None = None,
+    title: str | None = None,
+    step_label: str = "optimizer steps",
+) -> Figure:
   """Steps-to-target S against rollouts-to-target E, log-log.
 
   ``points``: a list of dicts ``dict(N=..., S=..., E=None, seed=None)`` or
@@ -187,30 +217,56 @@ def pareto(points, fit: Mapping[str, Any] | None = None, title: str | None = Non
   for i, n in enumerate(np.unique(p["N"])):
     st = style(i)
     m = ok & (p["N"] == n)
-    ax.plot(p["E"][m], p["S"][m], linestyle="none", marker=st["marker"], color=st["color"],
-            markersize=6, markerfacecolor="none" if i % 2 else st["color"], label=_n_label(n))
+    ax.plot(
+        p["E"][m],
+        p["S"][m],
+        linestyle="none",
+        marker=st["marker"],
+        color=st["color"],
+        markersize=6,
+        markerfacecolor="none" if i % 2 else st["color"],
+        label=_n_label(n),
+    )
     if m.any():
-      ax.annotate(_n_label(n), (np.exp(np.mean(np.log(p["E"][m]))), np.max(p["S"][m])),
-                  textcoords="offset points", xytext=(4, 5), fontsize=7)
+      ax.annotate(
+          _n_label(n),
+          (np.exp(np.mean(np.log(p["E"][m]))), np.max(p["S"][m])),
+          textcoords="offset points",
+          xytext=(4, 5),
+          fontsize=7,
+      )
   missed = sorted({float(n) for n in p["N"][~ok]})
   if missed:
-    ax.plot([], [], linestyle="none", label="not reached: " + ", ".join(
-        _n_label(n) for n in missed))
+    ax.plot(
+        [], [], linestyle="none", label="not reached: " + ", ".join(_n_label(n) for n in missed)
+    )
   if fit is not None and np.isfinite(fit.get("B_crit", np.nan)) and fit["S_min"] > 0:
     S_min, B = fit["S_min"], fit["B_crit"]
     n_lo = min(np.nanmin(p["N"][ok]), B) if ok.any() else B
     n_hi = max(np.nanmax(p["N"][ok]), B) if ok.any() else B
     t = np.geomspace(B / (n_hi * 4.0), B / (n_lo / 4.0), 400)  # t = B_crit / N
     s_fit, e_fit = hyperbola(fit, t)
-    line, = ax.plot(e_fit, s_fit, color="0.15", linewidth=1.4, linestyle="-",
-                    label=f"fit: (S/S_min-1)(E/E_min-1)=1, B_crit={B:.3g}")
+    (line,) = ax.plot(
+        e_fit,
+        s_fit,
+        color="0.15",
+        linewidth=1.4,
+        linestyle="-",
+        label=f"fit: (S/S_min-1)(E/E_min-1)=1, B_crit={B:.3g}",
+    )
     line.set_gid("fit")
     e_min = _e_min(fit)
     ax.axvline(e_min, color="0.4", linewidth=0.8, linestyle=":", label=f"E_min={e_min:.3g}")
-    ax.axhline(S_min, color="0.4", linewidth=0.8, linestyle=(0, (1, 3)),
-               label=f"S_min={S_min:.3g}")
-    ax.plot([2 * e_min], [2 * S_min], marker="*", markersize=11, color="0.15",
-            linestyle="none", label="knee: N = B_crit")
+    ax.axhline(S_min, color="0.4", linewidth=0.8, linestyle=(0, (1, 3)), label=f"S_min={S_min:.3g}")
+    ax.plot(
+        [2 * e_min],
+        [2 * S_min],
+        marker="*",
+        markersize=11,
+        color="0.15",
+        linestyle="none",
+        label="knee: N = B_crit",
+    )
     xs = np.concatenate([p["E"][ok], [e_min / 1.3, 2 * e_min * 1.6]])
     ys = np.concatenate([p["S"][ok], [S_min / 1.3, 2 * S_min * 1.6]])
     ax.set_xlim(xs.min() / 1.15, xs.max() * 1.15)
@@ -221,9 +277,17 @@ def pareto(points, fit: Mapping[str, Any] | None = None, title: str | None = Non
       hi_ray = ss * hi if np.isfinite(hi) else np.full_like(ss, xs.max() * 10)
       level = fit.get("level")
       lvl = f"{100 * level:.0f}% " if level else ""
-      band = ax.fill_betweenx(ss, ss * lo, hi_ray, facecolor="0.5", alpha=BAND_ALPHA,
-                              hatch="///", edgecolor="0.55", linewidth=0,
-                              label=f"B_crit {lvl}interval [{lo:.3g}, {hi:.3g}] (N rays)")
+      band = ax.fill_betweenx(
+          ss,
+          ss * lo,
+          hi_ray,
+          facecolor="0.5",
+          alpha=BAND_ALPHA,
+          hatch="///",
+          edgecolor="0.55",
+          linewidth=0,
+          label=f"B_crit {lvl}interval [{lo:.3g}, {hi:.3g}] (N rays)",
+      )
       band.set_gid("b_crit_interval")
   ax.set_xscale("log")
   ax.set_yscale("log")
@@ -243,8 +307,10 @@ def _noise_marks(b_noise) -> list[tuple[str, tuple[float, float, float]]]:
     items = list(b_noise.items())
   elif isinstance(b_noise, (list, np.ndarray)):
     many = list(b_noise)
-    items = [(f"measured B_noise #{i + 1}" if len(many) > 1 else "measured B_noise", v)
-             for i, v in enumerate(many)]
+    items = [
+        (f"measured B_noise #{i + 1}" if len(many) > 1 else "measured B_noise", v)
+        for i, v in enumerate(many)
+    ]
   else:
     items = [("measured B_noise", b_noise)]
   out = []
@@ -257,8 +323,13 @@ def _noise_marks(b_noise) -> list[tuple[str, tuple[float, float, float]]]:
   return out
 
 
-def steps_vs_batch(points, fit: Mapping[str, Any] | None = None, title: str | None = None,
-                   step_label: str = "optimizer steps", b_noise=None) -> Figure:
+def steps_vs_batch(
+    points,
+    fit: Mapping[str, Any] | None = None,
+    title: str | None = None,
+    step_label: str = "optimizer steps",
+    b_noise=None,
+) -> Figure:
   """S(N) against N (log-log): the runs (one marker per seed, the mean per N
   as a larger marker), the fit S = S_min (1 + B_crit / N) (line gid
   ``"fit"``), the asymptote S_min, and the B_crit interval as a shaded
@@ -271,23 +342,51 @@ def steps_vs_batch(points, fit: Mapping[str, Any] | None = None, title: str | No
   p = _points(points)
   fig, (ax,) = _new(1, size=(8.2, 4.4))
   ok = np.isfinite(p["S"]) & (p["S"] > 0)
-  ax.plot(p["N"][ok], p["S"][ok], linestyle="none", marker="o", markerfacecolor="none",
-          color="0.25", markersize=5, label="runs (one per seed)")
+  ax.plot(
+      p["N"][ok],
+      p["S"][ok],
+      linestyle="none",
+      marker="o",
+      markerfacecolor="none",
+      color="0.25",
+      markersize=5,
+      label="runs (one per seed)",
+  )
   ns = np.unique(p["N"][ok])
   if ns.size:
     means = [np.exp(np.mean(np.log(p["S"][ok & (p["N"] == n)]))) for n in ns]
-    ax.plot(ns, means, linestyle="none", marker="s", color="0.0", markersize=6,
-            label="geometric mean per N")
+    ax.plot(
+        ns,
+        means,
+        linestyle="none",
+        marker="s",
+        color="0.0",
+        markersize=6,
+        label="geometric mean per N",
+    )
   if (~ok).any():
     top = transforms.blended_transform_factory(ax.transData, ax.transAxes)
-    ax.plot(p["N"][~ok], np.full((~ok).sum(), 0.97), transform=top, linestyle="none",
-            marker="^", color="0.0", markerfacecolor="none", label="target not reached")
+    ax.plot(
+        p["N"][~ok],
+        np.full((~ok).sum(), 0.97),
+        transform=top,
+        linestyle="none",
+        marker="^",
+        color="0.0",
+        markerfacecolor="none",
+        label="target not reached",
+    )
   if fit is not None and np.isfinite(fit.get("B_crit", np.nan)) and fit["S_min"] > 0:
     S_min, B = fit["S_min"], fit["B_crit"]
     n_all = p["N"][np.isfinite(p["N"])]
     nn = np.geomspace(min(n_all.min(), B) / 2, max(n_all.max(), B) * 2, 300)
-    line, = ax.plot(nn, S_min * (1 + B / nn), color="0.15", linewidth=1.4,
-                    label=f"fit S = S_min(1 + B_crit/N), R²={fit.get('r2', math.nan):.2f}")
+    (line,) = ax.plot(
+        nn,
+        S_min * (1 + B / nn),
+        color="0.15",
+        linewidth=1.4,
+        label=f"fit S = S_min(1 + B_crit/N), R²={fit.get('r2', math.nan):.2f}",
+    )
     line.set_gid("fit")
     ax.axhline(S_min, color="0.4", linewidth=0.8, linestyle=":", label=f"S_min={S_min:.3g}")
     ax.axvline(B, color="0.15", linewidth=1.0, linestyle="--", label=f"B_crit={B:.3g}")
@@ -296,9 +395,16 @@ def steps_vs_batch(points, fit: Mapping[str, Any] | None = None, title: str | No
       hi_draw = hi if np.isfinite(hi) else nn.max()
       level = fit.get("level")
       lvl = f"{100 * level:.0f}% " if level else ""
-      span = ax.axvspan(max(lo, nn.min() / 2), hi_draw, facecolor="0.5", alpha=BAND_ALPHA,
-                        hatch="///", edgecolor="0.55", linewidth=0,
-                        label=f"B_crit {lvl}interval [{lo:.3g}, {hi:.3g}]")
+      span = ax.axvspan(
+          max(lo, nn.min() / 2),
+          hi_draw,
+          facecolor="0.5",
+          alpha=BAND_ALPHA,
+          hatch="///",
+          edgecolor="0.55",
+          linewidth=0,
+          label=f"B_crit {lvl}interval [{lo:.3g}, {hi:.3g}]",
+      )
       span.set_gid("b_crit_interval")
   ax.set_xscale("log")
   ax.set_yscale("log")
@@ -306,8 +412,13 @@ def steps_vs_batch(points, fit: Mapping[str, Any] | None = None, title: str | No
   ax.set_ylabel(f"steps to target S ({step_label})")
   for j, (label, (v, lo, hi)) in enumerate(_noise_marks(b_noise)):
     ls = ("-.", (0, (3, 1, 1, 1, 1, 1)), (0, (6, 2)))[j % 3]
-    ax.axvline(v, color=COLORS[2 + j % 4], linewidth=1.2, linestyle=ls,
-               label=f"{label}={v:.3g}" + (f" [{lo:.3g}, {hi:.3g}]" if np.isfinite(lo) else ""))
+    ax.axvline(
+        v,
+        color=COLORS[2 + j % 4],
+        linewidth=1.2,
+        linestyle=ls,
+        label=f"{label}={v:.3g}" + (f" [{lo:.3g}, {hi:.3g}]" if np.isfinite(lo) else ""),
+    )
     for edge in (lo, hi):
       if np.isfinite(edge) and edge > 0:
         ax.axvline(edge, color=COLORS[2 + j % 4], linewidth=0.7, linestyle=":")
@@ -324,11 +435,16 @@ def _per_label(x, label):
   return x[label] if isinstance(x, Mapping) else x
 
 
-def noise_over_training(rounds, series: Mapping[str, Sequence[float]],
-                        bands: Mapping[str, tuple] | None = None,
-                        title: str | None = None, ylabel: str = "noise scale (rollouts)",
-                        xlabel: str = "training round (generation rounds)",
-                        logy: bool | None = None, logx: bool = False) -> Figure:
+def noise_over_training(
+    rounds,
+    series: Mapping[str, Sequence[float]],
+    bands: Mapping[str, tuple] | None = None,
+    title: str | None = None,
+    ylabel: str = "noise scale (rollouts)",
+    xlabel: str = "training round (generation rounds)",
+    logy: bool | None = None,
+    logx: bool = False,
+) -> Figure:
   """Noise quantities (e.g. B_noise, B_intra, K*B_inter) over training.
 
   ``rounds``: the shared x values, or a dict label -> x values when series
@@ -349,12 +465,27 @@ def noise_over_training(rounds, series: Mapping[str, Sequence[float]],
     if label in bands and bands[label] is not None:
       lo, hi = (_arr(b) for b in bands[label])
       if few:
-        ax.errorbar(x, y, yerr=np.abs(np.stack([y - lo, hi - y])), linestyle="none",
-                    capsize=3, color=st["color"], marker=st["marker"], label=label)
+        ax.errorbar(
+            x,
+            y,
+            yerr=np.abs(np.stack([y - lo, hi - y])),
+            linestyle="none",
+            capsize=3,
+            color=st["color"],
+            marker=st["marker"],
+            label=label,
+        )
         continue
       _band(ax, x, lo, hi, st["color"])
-    ax.plot(x, y, label=label, markevery=_markevery(y.size), markersize=4, linewidth=1.2,
-            **({**st, "linestyle": "none"} if few and y.size == 1 else st))
+    ax.plot(
+        x,
+        y,
+        label=label,
+        markevery=_markevery(y.size),
+        markersize=4,
+        linewidth=1.2,
+        **({**st, "linestyle": "none"} if few and y.size == 1 else st),
+    )
   if logy is None:
     logy = _log_ok(*series.values())
   if logy:
@@ -369,11 +500,18 @@ def noise_over_training(rounds, series: Mapping[str, Sequence[float]],
   return fig
 
 
-def noise_decomposition(labels: Sequence[str], intra, inter, intra_se=None, inter_se=None,
-                        title: str | None = None, stacked: bool = False,
-                        ylabel: str = "noise scale (rollouts)",
-                        intra_label: str = "intra-prompt (B_intra)",
-                        inter_label: str = "inter-prompt (K·B_inter)") -> Figure:
+def noise_decomposition(
+    labels: Sequence[str],
+    intra,
+    inter,
+    intra_se=None,
+    inter_se=None,
+    title: str | None = None,
+    stacked: bool = False,
+    ylabel: str = "noise scale (rollouts)",
+    intra_label: str = "intra-prompt (B_intra)",
+    inter_label: str = "inter-prompt (K·B_inter)",
+) -> Figure:
   """Bars of the intra/inter-prompt decomposition, one group per label
   (checkpoint, task variant...). Intra bars are solid, inter bars hatched
   (distinct in grey); ``*_se`` draw ± 1 SE error bars. ``stacked`` stacks
@@ -389,12 +527,17 @@ def noise_decomposition(labels: Sequence[str], intra, inter, intra_se=None, inte
   kw = dict(edgecolor="0.0", linewidth=0.8, capsize=3, error_kw=dict(linewidth=0.9))
   if stacked:
     ax.bar(x, intra, 0.6, yerr=ise, color="0.85", label=intra_label, **kw)
-    ax.bar(x, inter, 0.6, bottom=intra, yerr=ese, color="0.45", hatch="//", label=inter_label,
-           **kw)
+    ax.bar(x, inter, 0.6, bottom=intra, yerr=ese, color="0.45", hatch="//", label=inter_label, **kw)
     for xi, a, b in zip(x, intra, inter):
       if np.isfinite(a + b) and a + b > 0:
-        ax.annotate(f"inter {100 * b / (a + b):.0f}%", (xi, a + b), textcoords="offset points",
-                    xytext=(0, 4), ha="center", fontsize=7)
+        ax.annotate(
+            f"inter {100 * b / (a + b):.0f}%",
+            (xi, a + b),
+            textcoords="offset points",
+            xytext=(0, 4),
+            ha="center",
+            fontsize=7,
+        )
   else:
     w = 0.38
     ax.bar(x - w / 2, intra, w, yerr=ise, color="0.85", label=intra_label, **kw)
@@ -417,13 +560,19 @@ def trend_curve(fit: Mapping[str, Any], x, model: str | None = None) -> np.ndarr
   model = model or {"flat": "const"}.get(fit["verdict"], fit["verdict"])
   coef = fit[model]["coef"]
   x = np.asarray(x, np.float64)
-  return sum(c * x ** k for k, c in enumerate(coef))
+  return sum(c * x**k for k, c in enumerate(coef))
 
 
-def noise_vs_kappa(kappa, y, se=None, fit: Mapping[str, Any] | None = None,
-                   ylabel: str = "tr Σ_intra (|g|², per rollout)", title: str | None = None,
-                   xlabel: str = "drift κ (KL per token, nats)", show_all_models: bool = True
-                   ) -> Figure:
+def noise_vs_kappa(
+    kappa,
+    y,
+    se=None,
+    fit: Mapping[str, Any] | None = None,
+    ylabel: str = "tr Σ_intra (|g|², per rollout)",
+    title: str | None = None,
+    xlabel: str = "drift κ (KL per token, nats)",
+    show_all_models: bool = True,
+) -> Figure:
   """A noise quantity against drift kappa: points with ± SE error bars and
   the fitted trend of ``drift.fit_trend`` (the verdict's model solid, line
   gid ``"fit"``; the other models thin grey when ``show_all_models``).
@@ -442,8 +591,17 @@ def noise_vs_kappa(kappa, y, se=None, fit: Mapping[str, Any] | None = None,
     if se is not None:
       e = _arr(se[key] if multi else se)
     lab = key if multi else "measured (± SE)"
-    ax.errorbar(k, v, yerr=e, linestyle="none", marker=st["marker"], color=st["color"],
-                capsize=3, markersize=5, label=lab)
+    ax.errorbar(
+        k,
+        v,
+        yerr=e,
+        linestyle="none",
+        marker=st["marker"],
+        color=st["color"],
+        capsize=3,
+        markersize=5,
+        label=lab,
+    )
     f = (fit.get(key) if multi else fit) if fit is not None else None
     xmax = max(xmax, np.nanmax(k) if np.isfinite(k).any() else 0.0)
     if f is None:
@@ -453,13 +611,23 @@ def noise_vs_kappa(kappa, y, se=None, fit: Mapping[str, Any] | None = None,
     if show_all_models and not multi:
       for model, ls in (("const", ":"), ("linear", "--"), ("quadratic", "-.")):
         if model != chosen:
-          ax.plot(xs, trend_curve(f, xs, model), color="0.6", linewidth=0.8, linestyle=ls,
-                  label=f"{model} (not chosen)")
+          ax.plot(
+              xs,
+              trend_curve(f, xs, model),
+              color="0.6",
+              linewidth=0.8,
+              linestyle=ls,
+              label=f"{model} (not chosen)",
+          )
     r2 = f[chosen].get("r2", math.nan)
-    line, = ax.plot(xs, trend_curve(f, xs, chosen), color=st["color"], linewidth=1.5,
-                    linestyle=st["linestyle"],
-                    label=f"{(key + ': ') if multi else ''}{chosen} fit ({f['verdict']}, "
-                          f"R²={r2:.2f})")
+    (line,) = ax.plot(
+        xs,
+        trend_curve(f, xs, chosen),
+        color=st["color"],
+        linewidth=1.5,
+        linestyle=st["linestyle"],
+        label=f"{(key + ': ') if multi else ''}{chosen} fit ({f['verdict']}, " f"R²={r2:.2f})",
+    )
     line.set_gid("fit" if not multi else f"fit:{key}")
   ax.set_xlabel(xlabel)
   ax.set_ylabel(ylabel)
@@ -469,10 +637,17 @@ def noise_vs_kappa(kappa, y, se=None, fit: Mapping[str, Any] | None = None,
   return fig
 
 
-def adaptive_batch(rounds, batch_size, signal, lo=None, hi=None, title: str | None = None,
-                   signal_label: str = "tracked B_noise (rollouts)",
-                   xlabel: str = "training round (generation rounds)",
-                   signal_rounds=None) -> Figure:
+def adaptive_batch(
+    rounds,
+    batch_size,
+    signal,
+    lo=None,
+    hi=None,
+    title: str | None = None,
+    signal_label: str = "tracked B_noise (rollouts)",
+    xlabel: str = "training round (generation rounds)",
+    signal_rounds=None,
+) -> Figure:
   """The adaptive controller over training: the chosen N per round (top,
   a step plot, log2 axis) above the signal it tracks with its interval
   (bottom; log axis when positive). ``signal_rounds``: x of the signal
@@ -480,8 +655,9 @@ def adaptive_batch(rounds, batch_size, signal, lo=None, hi=None, title: str | No
   fig, (ax_n, ax_s) = _new(1, 2, size=(6.4, 2.6), sharex=True)
   x, n = _arr(rounds), _arr(batch_size)
   ax_n.step(x, n, where="post", color="0.0", linewidth=1.4, label="chosen N")
-  ax_n.plot(x, n, linestyle="none", marker="o", markersize=3, color="0.0",
-            markevery=_markevery(n.size))
+  ax_n.plot(
+      x, n, linestyle="none", marker="o", markersize=3, color="0.0", markevery=_markevery(n.size)
+  )
   if _log_ok(n):
     ax_n.set_yscale("log", base=2)
     ax_n.yaxis.set_major_formatter(ticker.FuncFormatter(lambda v, _: f"{v:g}"))
@@ -491,8 +667,15 @@ def adaptive_batch(rounds, batch_size, signal, lo=None, hi=None, title: str | No
     _band(ax_s, xs, lo, hi, COLORS[1], label="interval")
   ax_s.plot(xs, s, color=COLORS[1], linestyle="--", linewidth=1.3, label=signal_label)
   if not np.isfinite(s).any():  # an empty panel must say why it is empty
-    ax_s.text(0.5, 0.5, "signal never resolved", transform=ax_s.transAxes, ha="center",
-              va="center", color="0.3")
+    ax_s.text(
+        0.5,
+        0.5,
+        "signal never resolved",
+        transform=ax_s.transAxes,
+        ha="center",
+        va="center",
+        color="0.3",
+    )
   if _log_ok(s, lo, hi):
     ax_s.set_yscale("log")
   ax_s.set_ylabel(signal_label)
@@ -512,5 +695,6 @@ def save(fig: Figure, path: str, dpi: int = DPI) -> str:
     os.makedirs(d, exist_ok=True)
   fig.savefig(path, dpi=dpi, format="png", bbox_inches="tight")
   import matplotlib.pyplot as plt  # noqa: PLC0415  (close() if pyplot tracks it)
+
   plt.close(fig)
   return path

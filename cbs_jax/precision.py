@@ -16,6 +16,7 @@ bfloat16 (half the memory, and half the bytes every decode step reads);
 * logits, log-probs, losses: the model returns float32 logits whatever the
   compute dtype, and everything downstream is float32.
 """
+
 from __future__ import annotations
 
 from typing import Any, NamedTuple
@@ -29,18 +30,22 @@ def float32(tree):
   """Floating leaves of ``tree`` as float32 (no-op for float32 leaves)."""
   return jax.tree.map(
       lambda x: x.astype(jnp.float32)
-      if jnp.issubdtype(x.dtype, jnp.floating) and x.dtype != jnp.float32 else x, tree)
+      if jnp.issubdtype(x.dtype, jnp.floating) and x.dtype != jnp.float32
+      else x,
+      tree,
+  )
 
 
 def cast(tree, dtype):
   """Floating leaves of ``tree`` as ``dtype``."""
   return jax.tree.map(
-      lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x, tree)
+      lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x, tree
+  )
 
 
 class MasterState(NamedTuple):
   master: Any  # float32 copy of the parameters
-  inner: Any   # the wrapped optimizer's state (over the master)
+  inner: Any  # the wrapped optimizer's state (over the master)
 
 
 def master_weights(inner: optax.GradientTransformation) -> optax.GradientTransformation:

@@ -15,6 +15,7 @@ table, and this module measures them on the machine at hand:
   "cpu" (any case) is this machine, calibrated once per process; every
   other name is ``systems.get_accelerator``'s table.
 """
+
 from __future__ import annotations
 
 import functools
@@ -46,7 +47,7 @@ class MatmulProbe:
     return time.perf_counter() - t
 
   def flops(self, seconds: float) -> float:
-    return 2.0 * self.n ** 3 / seconds
+    return 2.0 * self.n**3 / seconds
 
 
 class BandwidthProbe:
@@ -55,7 +56,7 @@ class BandwidthProbe:
   than the CPU caches). ``probe()`` -> seconds; ``bandwidth(s)`` -> bytes/s."""
 
   def __init__(self, mib: int = 256, device=None):
-    self.nbytes = mib * 2 ** 20
+    self.nbytes = mib * 2**20
     dev = device or jax.devices()[0]
     self._x = jax.device_put(jnp.ones((self.nbytes // 4,), jnp.float32), dev)
     # rows summed separately: every core streams its share (one flat
@@ -79,15 +80,23 @@ def _physical_memory() -> float:
     return 8.0 * systems.GIB
 
 
-def measured_accelerator(flops: float, bandwidth: float, name: str = "cpu",
-                         dtype: str = "float32", source: str = "") -> systems.Accelerator:
+def measured_accelerator(
+    flops: float, bandwidth: float, name: str = "cpu", dtype: str = "float32", source: str = ""
+) -> systems.Accelerator:
   """An ``Accelerator`` from measured FLOP/s and bytes/s (memory: this host's RAM)."""
-  return systems.Accelerator(name, float(flops), float(bandwidth), _physical_memory(),
-                             dtype=dtype, source=source or "measured on this machine")
+  return systems.Accelerator(
+      name,
+      float(flops),
+      float(bandwidth),
+      _physical_memory(),
+      dtype=dtype,
+      source=source or "measured on this machine",
+  )
 
 
-def calibrate_cpu(matmul_n: int = 2048, bandwidth_mib: int = 256, reps: int = 3
-                  ) -> systems.Accelerator:
+def calibrate_cpu(
+    matmul_n: int = 2048, bandwidth_mib: int = 256, reps: int = 3
+) -> systems.Accelerator:
   """Measure this machine's roofline with jax, in one run.
 
   FLOP/s: best of ``reps`` timings of a float32 ``matmul_n``-square matmul
@@ -101,8 +110,12 @@ def calibrate_cpu(matmul_n: int = 2048, bandwidth_mib: int = 256, reps: int = 3
   mm, bw = MatmulProbe(matmul_n, "float32", dev), BandwidthProbe(bandwidth_mib, dev)
   flops = mm.flops(min(mm.probe() for _ in range(reps)))
   band = bw.bandwidth(min(bw.probe() for _ in range(reps)))
-  return measured_accelerator(flops, band, source=f"calibrate_cpu(): {matmul_n}^2 f32 matmul, "
-                                                  f"{bandwidth_mib} MiB f32 read, on this machine")
+  return measured_accelerator(
+      flops,
+      band,
+      source=f"calibrate_cpu(): {matmul_n}^2 f32 matmul, "
+      f"{bandwidth_mib} MiB f32 read, on this machine",
+  )
 
 
 @functools.lru_cache(maxsize=1)

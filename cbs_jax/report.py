@@ -13,6 +13,7 @@ numpy, the platform and devices, the wall time and the command line.
 Files go through ``paths`` (the root may be an object-store URI), each
 written whole and atomically (``paths.write_atomic``).
 """
+
 from __future__ import annotations
 
 import csv
@@ -30,20 +31,29 @@ from typing import Any, Sequence
 
 from cbs_jax import paths
 
-_PACKAGES = ("jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "numpy",
-             "ml-collections")
+_PACKAGES = ("jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "numpy", "ml-collections")
 MANIFEST = "manifest.json"
 # what every manifest.json holds (tests/test_report.py checks each is filled in)
-MANIFEST_KEYS = ("experiment", "started_utc", "wall_seconds", "command", "config",
-                 "git_commit", "git_dirty", "versions", "python", "platform", "backend",
-                 "devices")
+MANIFEST_KEYS = (
+    "experiment",
+    "started_utc",
+    "wall_seconds",
+    "command",
+    "config",
+    "git_commit",
+    "git_dirty",
+    "versions",
+    "python",
+    "platform",
+    "backend",
+    "devices",
+)
 
 
 def _git(*args: str) -> str | None:
   here = os.path.dirname(os.path.abspath(__file__))
   try:
-    out = subprocess.run(["git", *args], cwd=here, capture_output=True, text=True,
-                         timeout=10)
+    out = subprocess.run(["git", *args], cwd=here, capture_output=True, text=True, timeout=10)
   except (OSError, subprocess.SubprocessError):
     return None
   return out.stdout.strip() if out.returncode == 0 else None
@@ -59,15 +69,21 @@ def provenance() -> dict:
       versions[p] = None
   try:
     import jax  # noqa: PLC0415  (only when a manifest is written)
+
     devices = [str(d) for d in jax.devices()]
     backend = jax.default_backend()
   except Exception as e:  # a manifest must never fail on a device query
     devices, backend = [f"unavailable: {e}"], None
   status = _git("status", "--porcelain", "--untracked-files=no")
-  return dict(git_commit=_git("rev-parse", "HEAD"),
-              git_dirty=None if status is None else bool(status),
-              versions=versions, python=sys.version.split()[0],
-              platform=platform.platform(), backend=backend, devices=devices)
+  return dict(
+      git_commit=_git("rev-parse", "HEAD"),
+      git_dirty=None if status is None else bool(status),
+      versions=versions,
+      python=sys.version.split()[0],
+      platform=platform.platform(),
+      backend=backend,
+      devices=devices,
+  )
 
 
 def _plain(config: Any) -> Any:
@@ -104,13 +120,16 @@ def missing_manifests(root: str = "experiments/results") -> list[str]:
   """Result folders ``root/<name>/`` without a ``manifest.json`` (sorted)."""
   if not paths.isdir(root):
     return []
-  return sorted(d for d in paths.listdir(root)
-                if paths.isdir(paths.join(root, d)) and not d.startswith(".")
-                and not paths.exists(paths.join(root, d, MANIFEST)))
+  return sorted(
+      d
+      for d in paths.listdir(root)
+      if paths.isdir(paths.join(root, d))
+      and not d.startswith(".")
+      and not paths.exists(paths.join(root, d, MANIFEST))
+  )
 
 
-def markdown_table(rows: Sequence[dict], columns: Sequence[str],
-                   fmt: dict | None = None) -> str:
+def markdown_table(rows: Sequence[dict], columns: Sequence[str], fmt: dict | None = None) -> str:
   """A GitHub markdown table of ``rows`` (dicts) over ``columns``; ``fmt``
   maps a column to a format spec (default: 4 significant digits for floats)."""
   fmt = fmt or {}
@@ -121,6 +140,7 @@ def markdown_table(rows: Sequence[dict], columns: Sequence[str],
     if isinstance(v, float):
       return format(v, fmt.get(c, ".4g"))
     return str(v)
+
   lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
   lines += ["| " + " | ".join(cell(c, r.get(c)) for c in columns) + " |" for r in rows]
   return "\n".join(lines)
@@ -141,8 +161,15 @@ class Results:
   def path(self, suffix: str) -> str:
     return paths.join(self.dir, f"{self.name}{suffix}")
 
-  def table(self, rows: Sequence[dict], columns: Sequence[str], fmt: dict | None = None,
-            title: str | None = None, notes: str = "", echo: bool = True) -> str:
+  def table(
+      self,
+      rows: Sequence[dict],
+      columns: Sequence[str],
+      fmt: dict | None = None,
+      title: str | None = None,
+      notes: str = "",
+      echo: bool = True,
+  ) -> str:
     """Write ``<name>.csv`` (all columns of the rows) and ``<name>.md``
     (``columns``, ``title``, ``notes``); print and return the markdown."""
     keys = list(dict.fromkeys(k for r in rows for k in r))
@@ -150,8 +177,7 @@ class Results:
     w = csv.DictWriter(buf, fieldnames=keys)
     w.writeheader()
     for r in rows:
-      w.writerow({k: json.dumps(v) if isinstance(v, (list, dict)) else v
-                  for k, v in r.items()})
+      w.writerow({k: json.dumps(v) if isinstance(v, (list, dict)) else v for k, v in r.items()})
     paths.write_atomic(self.path(".csv"), buf.getvalue())
     md = (f"# {title}\n\n" if title else "") + markdown_table(rows, columns, fmt)
     if notes:
@@ -164,10 +190,16 @@ class Results:
   def figure(self, fig, suffix: str = ".png") -> str:
     """Write ``fig`` as ``<name><suffix>`` (``plots.save``: fixed dpi, then closed)."""
     from cbs_jax import plots  # noqa: PLC0415  (matplotlib only when a figure is written)
+
     return plots.save(fig, self.path(suffix))
 
-  def manifest(self, config: Any = None, command: Sequence[str] | str | None = None,
-               wall_seconds: float | None = None, **extra) -> str:
+  def manifest(
+      self,
+      config: Any = None,
+      command: Sequence[str] | str | None = None,
+      wall_seconds: float | None = None,
+      **extra,
+  ) -> str:
     """Write ``manifest.json``: the keys of ``MANIFEST_KEYS`` (provenance,
     the full config, the command line, wall time) plus ``extra``.
 
@@ -182,9 +214,15 @@ class Results:
       command = command_line()
     elif not isinstance(command, str):
       command = command_line(command)
-    doc = dict(experiment=self.name, started_utc=self.t0.isoformat(),
-               wall_seconds=float(wall_seconds), command=command,
-               config=_plain(config), **provenance(), **extra)
+    doc = dict(
+        experiment=self.name,
+        started_utc=self.t0.isoformat(),
+        wall_seconds=float(wall_seconds),
+        command=command,
+        config=_plain(config),
+        **provenance(),
+        **extra,
+    )
     path = paths.join(self.dir, MANIFEST)
     paths.write_atomic(path, json.dumps(doc, indent=1, default=str))
     return path

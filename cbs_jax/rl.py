@@ -27,6 +27,7 @@ Conventions
   they are passed through ``jax.lax.stop_gradient`` anyway.
 * Losses are quantities to MINIMISE (negated surrogate objectives).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -44,6 +45,7 @@ Array = jax.Array
 # ---------------------------------------------------------------------------
 # Advantages
 # ---------------------------------------------------------------------------
+
 
 def _as_float(x) -> Array:
   x = jnp.asarray(x)
@@ -133,17 +135,15 @@ def compute_advantages(name: str, rewards_PxK, eps: float = 1e-6, ddof: int = 0)
   estimator (grpo/drgrpo/rloo have no baseline with a single rollout).
   """
   if name not in ADVANTAGES:
-    raise ValueError(
-        f"unknown advantage estimator {name!r}; known: {sorted(ADVANTAGES)}")
+    raise ValueError(f"unknown advantage estimator {name!r}; known: {sorted(ADVANTAGES)}")
   rewards_PxK = _as_float(rewards_PxK)
   if rewards_PxK.ndim != 2:
-    raise ValueError(
-        f"rewards must be PxK (2-D), got shape {rewards_PxK.shape}")
+    raise ValueError(f"rewards must be PxK (2-D), got shape {rewards_PxK.shape}")
   k = rewards_PxK.shape[1]
   if name in _NEEDS_GROUP and k < 2:
     raise ValueError(
-        f"advantage estimator {name!r} needs K >= 2 rollouts per prompt, "
-        f"got K={k}")
+        f"advantage estimator {name!r} needs K >= 2 rollouts per prompt, " f"got K={k}"
+    )
   return ADVANTAGES[name](rewards_PxK, eps, ddof)
 
 
@@ -156,14 +156,14 @@ def sequence_to_tokens(adv_seq, mask_BxT) -> Array:
   mask_BxT = jnp.asarray(mask_BxT)
   adv_B = jnp.asarray(adv_seq).reshape(-1)
   if adv_B.shape[0] != mask_BxT.shape[0]:
-    raise ValueError(
-        f"{adv_B.shape[0]} rollout values for {mask_BxT.shape[0]} rows")
+    raise ValueError(f"{adv_B.shape[0]} rollout values for {mask_BxT.shape[0]} rows")
   return adv_B[:, None] * mask_BxT
 
 
 # ---------------------------------------------------------------------------
 # Policy losses
 # ---------------------------------------------------------------------------
+
 
 def _masked_log_ratio(logp_BxT, logp_old_BxT, mask_BxT) -> Array:
   """``logp - sg(logp_old)`` on valid tokens, exactly 0 on padding."""
@@ -199,8 +199,9 @@ def ppo_loss(logp_BxT, logp_old_BxT, adv_BxT, mask_BxT, spec: RLSpec):
   r_val = sg(ratio)
   clipped_high = (adv > 0) & (r_val > 1.0 + hi) & (mask > 0)
   clipped_low = (adv < 0) & (r_val < 1.0 - lo) & (mask > 0)
-  obj = jnp.where(clipped_high, (1.0 + hi) * adv,
-                  jnp.where(clipped_low, (1.0 - lo) * adv, ratio * adv))
+  obj = jnp.where(
+      clipped_high, (1.0 + hi) * adv, jnp.where(clipped_low, (1.0 - lo) * adv, ratio * adv)
+  )
   if c:
     dual = (adv < 0) & (r_val > c) & (mask > 0)
     obj = jnp.where(dual, c * adv, obj)
@@ -266,8 +267,7 @@ def pg_loss(logp_BxT, logp_old_BxT, adv_BxT, mask_BxT, spec: RLSpec):
   ratio = jnp.exp(_masked_log_ratio(logp_BxT, logp_old_BxT, mask))
   loss = -ratio * adv * mask
   zeros = jnp.zeros_like(loss)
-  return loss, {"ratio_BxT": ratio, "clipped_low_BxT": zeros,
-                "clipped_high_BxT": zeros}
+  return loss, {"ratio_BxT": ratio, "clipped_low_BxT": zeros, "clipped_high_BxT": zeros}
 
 
 def gspo_loss(logp_BxT, logp_old_BxT, adv_BxT, mask_BxT, spec: RLSpec):
@@ -300,8 +300,9 @@ def gspo_loss(logp_BxT, logp_old_BxT, adv_BxT, mask_BxT, spec: RLSpec):
   s_val = jnp.broadcast_to(s_B[:, None], mask.shape)
   clipped_high = (adv > 0) & (s_val > 1.0 + hi) & (mask > 0)
   clipped_low = (adv < 0) & (s_val < 1.0 - lo) & (mask > 0)
-  obj = jnp.where(clipped_high, (1.0 + hi) * adv,
-                  jnp.where(clipped_low, (1.0 - lo) * adv, s_tok * adv))
+  obj = jnp.where(
+      clipped_high, (1.0 + hi) * adv, jnp.where(clipped_low, (1.0 - lo) * adv, s_tok * adv)
+  )
   loss = -obj * mask
   f = lambda b: b.astype(logp_BxT.dtype)
   aux = {
@@ -325,8 +326,7 @@ def policy_loss(name: str, logp_BxT, logp_old_BxT, adv_BxT, mask_BxT, spec: RLSp
   """Dispatch to ``POLICY_LOSSES[name]`` (clip range from ``spec``); ValueError
   on an unknown name."""
   if name not in POLICY_LOSSES:
-    raise ValueError(
-        f"unknown policy loss {name!r}; known: {sorted(POLICY_LOSSES)}")
+    raise ValueError(f"unknown policy loss {name!r}; known: {sorted(POLICY_LOSSES)}")
   return POLICY_LOSSES[name](logp_BxT, logp_old_BxT, adv_BxT, mask_BxT, spec)
 
 
@@ -337,8 +337,7 @@ def policy_loss(name: str, logp_BxT, logp_old_BxT, adv_BxT, mask_BxT, spec: RLSp
 AGGREGATIONS = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm")
 
 
-def aggregation_weights(mask_BxT, mode: str, num_seqs, num_tokens,
-                        max_len) -> Array:
+def aggregation_weights(mask_BxT, mode: str, num_seqs, num_tokens, max_len) -> Array:
   """Per-token weights ``w_BxT`` with batch loss = ``sum(w * loss_BxT)``.
 
   The counts are GLOBAL (whole batch, not the microbatch): ``num_seqs`` =
@@ -364,13 +363,11 @@ def aggregation_weights(mask_BxT, mode: str, num_seqs, num_tokens,
     denom = jnp.maximum(len_B, 1.0) * jnp.asarray(num_seqs, mask.dtype)
     return jnp.where(len_B > 0, mask / denom, 0.0)
   if mode == "seq_mean_token_sum_norm":
-    return mask / (jnp.asarray(max_len, mask.dtype) *
-                   jnp.asarray(num_seqs, mask.dtype))
+    return mask / (jnp.asarray(max_len, mask.dtype) * jnp.asarray(num_seqs, mask.dtype))
   raise ValueError(f"unknown aggregation {mode!r}; known: {AGGREGATIONS}")
 
 
-def aggregate(loss_BxT, mask_BxT, mode: str, num_seqs, num_tokens,
-              max_len) -> Array:
+def aggregate(loss_BxT, mask_BxT, mode: str, num_seqs, num_tokens, max_len) -> Array:
   """Batch loss ``sum(w * loss_BxT)`` with ``aggregation_weights`` (scalar).
 
   Masked positions contribute exactly 0 even if ``loss_BxT`` is non-finite
@@ -415,8 +412,7 @@ def entropy_from_logits(logits_BxTxV) -> Array:
   Uses ``log_softmax`` (stable for large logits); terms with p = 0 (e.g.
   -inf logits of masked vocabulary entries) contribute exactly 0.
   """
-  logp = jax.nn.log_softmax(jnp.asarray(logits_BxTxV).astype(jnp.float32),
-                            axis=-1)
+  logp = jax.nn.log_softmax(jnp.asarray(logits_BxTxV).astype(jnp.float32), axis=-1)
   p = jnp.exp(logp)
   return -jnp.sum(jnp.where(p > 0, p * logp, 0.0), axis=-1)
 
@@ -424,6 +420,7 @@ def entropy_from_logits(logits_BxTxV) -> Array:
 # ---------------------------------------------------------------------------
 # PPO critic pieces
 # ---------------------------------------------------------------------------
+
 
 def terminal_rewards_to_tokens(rewards_B, mask_BxT) -> Array:
   """Place each rollout's scalar reward on its LAST valid token (``BxT``).
@@ -474,8 +471,7 @@ def gae(rewards_BxT, values_BxT, mask_BxT, gamma: float, lam: float):
   return adv, returns
 
 
-def value_loss(values_BxT, returns_BxT, mask_BxT, old_values=None,
-               clip=None) -> Array:
+def value_loss(values_BxT, returns_BxT, mask_BxT, old_values=None, clip=None) -> Array:
   """Per-token critic loss ``0.5 (v - ret)^2`` (0 on padding).
 
   With ``clip`` set (PPO2 value clipping) it is
@@ -500,6 +496,7 @@ def value_loss(values_BxT, returns_BxT, mask_BxT, old_values=None,
 # Token-level advantages: the one entry point the trainer calls
 # ---------------------------------------------------------------------------
 
+
 def whiten(x_BxT, mask_BxT, eps: float = 1e-6) -> Array:
   """``(x - mean) / (std + eps)`` over the valid tokens of the whole batch
   (population std), 0 on padding. Couples every rollout of the batch."""
@@ -510,8 +507,9 @@ def whiten(x_BxT, mask_BxT, eps: float = 1e-6) -> Array:
   return (x_BxT - mu) / (sd + eps) * m
 
 
-def gae_advantages(rewards_PxK, mask_BxT, values_BxT, gamma: float, lam: float,
-                   whiten_batch: bool = True):
+def gae_advantages(
+    rewards_PxK, mask_BxT, values_BxT, gamma: float, lam: float, whiten_batch: bool = True
+):
   """PPO's advantages: the terminal reward on each rollout's last token,
   GAE(gamma, lam) against the critic's values, then (``whiten_batch``)
   whitened over the batch's valid tokens. Returns ``(adv_BxT, returns_BxT)``."""
@@ -535,8 +533,7 @@ def token_advantages(spec: RLSpec, rewards_PxK, mask_BxT, values_BxT=None):
   if spec.advantage == "gae":
     if values_BxT is None:
       raise ValueError("advantage 'gae' needs critic values (a model with a value head)")
-    return gae_advantages(rewards_PxK, mask, values_BxT, spec.gamma, spec.lam,
-                          spec.adv_whiten)
+    return gae_advantages(rewards_PxK, mask, values_BxT, spec.gamma, spec.lam, spec.adv_whiten)
   adv = compute_advantages(spec.advantage, rewards_PxK, spec.adv_eps, spec.adv_std_ddof)
   return sequence_to_tokens(adv, mask), jnp.zeros(mask.shape, jnp.float32)
 
@@ -549,14 +546,28 @@ ALGOS = ("grpo", "ppo")  # grpo: group advantages; ppo: value head + GAE
 
 # choices of each RLSpec field that selects from a registry (config.validate's
 # error names the field and lists them)
-_CHOICES = (("algo", ALGOS), ("advantage", ADVANTAGE_KINDS), ("loss", tuple(POLICY_LOSSES)),
-            ("aggregation", AGGREGATIONS), ("kl_estimator", KL_KINDS),
-            ("adv_std_ddof", (0, 1)))
+_CHOICES = (
+    ("algo", ALGOS),
+    ("advantage", ADVANTAGE_KINDS),
+    ("loss", tuple(POLICY_LOSSES)),
+    ("aggregation", AGGREGATIONS),
+    ("kl_estimator", KL_KINDS),
+    ("adv_std_ddof", (0, 1)),
+)
 _NON_NEGATIVE = ("kl_beta", "vf_coef", "value_clip", "clip_c")
 _POSITIVE = ("clip_eps_low", "clip_eps_high", "adv_eps")
 _UNIT = ("gamma", "lam")
-_FLOATS = ("adv_eps", "clip_eps_low", "clip_eps_high", "clip_c", "kl_beta", "gamma", "lam",
-           "vf_coef", "value_clip")
+_FLOATS = (
+    "adv_eps",
+    "clip_eps_low",
+    "clip_eps_high",
+    "clip_c",
+    "kl_beta",
+    "gamma",
+    "lam",
+    "vf_coef",
+    "value_clip",
+)
 
 
 def _number(field: str, v):
@@ -584,6 +595,7 @@ class RLSpec:
   smaller values, e.g. 3e-4 / 4e-4); ``clip_c`` PPO's dual-clip constant (Ye
   et al. 2020), 0 = off, > 1 when on.
   """
+
   algo: str = "grpo"
   advantage: str = "grpo"
   adv_eps: float = 1e-6

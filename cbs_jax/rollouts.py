@@ -4,6 +4,7 @@ Prompts are always left-padded to the task's fixed prompt length and
 completions run to a fixed ``max_new_tokens``, so every round of a run has
 the same shapes and nothing recompiles.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -22,6 +23,7 @@ from cbs_jax.tasks import Problem, Task, Tokenizer
 @dataclasses.dataclass(frozen=True)
 class Layout:
   """Fixed sequence shapes of a run: prompt length Tp, completion length Tc."""
+
   prompt_len: int
   completion_len: int
 
@@ -61,8 +63,18 @@ def verify(task: Task, problems: Sequence[Problem], texts: Sequence[str]) -> np.
   return np.array([task.verify(p, t) for p, t in zip(problems, texts)], np.float32)
 
 
-def rollout(graphdef, params, task: Task, tok: Tokenizer, problems: Sequence[Problem],
-            K: int, key, layout: Layout, spec: scoring.SamplingSpec, mesh=None) -> dict:
+def rollout(
+    graphdef,
+    params,
+    task: Task,
+    tok: Tokenizer,
+    problems: Sequence[Problem],
+    K: int,
+    key,
+    layout: Layout,
+    spec: scoring.SamplingSpec,
+    mesh=None,
+) -> dict:
   """K samples for each problem, prompt-major (rollout b = p*K + k), from the
   distribution ``spec``.
 
@@ -77,27 +89,59 @@ def rollout(graphdef, params, task: Task, tok: Tokenizer, problems: Sequence[Pro
   if mesh is not None:
     placed = sharding.shard_batch(dict(prompt=prompt, pmask=pmask), mesh)
     prompt, pmask = placed["prompt"], placed["pmask"]
-  out = sampling.generate(graphdef, params, prompt, pmask, key,
-                          max_new_tokens=layout.completion_len, eos_id=tok.eos_id,
-                          pad_id=tok.pad_id, spec=spec)
+  out = sampling.generate(
+      graphdef,
+      params,
+      prompt,
+      pmask,
+      key,
+      max_new_tokens=layout.completion_len,
+      eos_id=tok.eos_id,
+      pad_id=tok.pad_id,
+      spec=spec,
+  )
   texts = decode(tok, out.tokens)
   rewards = verify(task, [p for p in problems for _ in range(K)], texts)
-  return dict(prompt=jnp.asarray(prompt), prompt_mask=jnp.asarray(pmask, bool),
-              completion=out.tokens, completion_mask=out.mask,
-              logp_old=out.logprobs, lengths=out.lengths,
-              rewards=rewards.reshape(len(problems), K), texts=texts)
+  return dict(
+      prompt=jnp.asarray(prompt),
+      prompt_mask=jnp.asarray(pmask, bool),
+      completion=out.tokens,
+      completion_mask=out.mask,
+      logp_old=out.logprobs,
+      lengths=out.lengths,
+      rewards=rewards.reshape(len(problems), K),
+      texts=texts,
+  )
 
 
-def pass_rate(graphdef, params, task: Task, tok: Tokenizer, problems: Sequence[Problem],
-              key, layout: Layout, spec: scoring.SamplingSpec, batch: int = 512) -> dict:
+def pass_rate(
+    graphdef,
+    params,
+    task: Task,
+    tok: Tokenizer,
+    problems: Sequence[Problem],
+    key,
+    layout: Layout,
+    spec: scoring.SamplingSpec,
+    batch: int = 512,
+) -> dict:
   """pass@1 (one sample per problem from ``spec``) overall and per difficulty bucket."""
   rewards = []
   for i in range(0, len(problems), batch):
-    chunk = problems[i:i + batch]
+    chunk = problems[i : i + batch]
     pad = batch - len(chunk) if len(problems) > batch else 0  # keep one shape
-    r = rollout(graphdef, params, task, tok, list(chunk) + [chunk[-1]] * pad, 1,
-                jax.random.fold_in(key, i), layout, spec)["rewards"][:, 0]
-    rewards.append(r[:len(chunk)])
+    r = rollout(
+        graphdef,
+        params,
+        task,
+        tok,
+        list(chunk) + [chunk[-1]] * pad,
+        1,
+        jax.random.fold_in(key, i),
+        layout,
+        spec,
+    )["rewards"][:, 0]
+    rewards.append(r[: len(chunk)])
   rewards = np.concatenate(rewards)
   diff = np.array([p.difficulty for p in problems])
   by = {int(d): float(rewards[diff == d].mean()) for d in np.unique(diff)}

@@ -7,6 +7,7 @@ of sampling (rollouts and evaluation) and of the RL objective, and the exact
 expected-pass evaluator where the task enumerates its answers. The config
 itself is never written to: everything derived lives in the ``Setup``.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -37,6 +38,7 @@ class Setup:
     expected: the exact expected-pass evaluator, or None where the task
       does not enumerate its answers (or ``train.eval_expected`` is off).
   """
+
   model: ml_collections.ConfigDict
   task: tasks.Task
   tok: tasks.Tokenizer
@@ -58,8 +60,11 @@ def prepare(config: ml_collections.ConfigDict) -> Setup:
     tok = hf.load_tokenizer(hf_dir, vocab)
     if tok is None:
       raise ValueError(f"config.hf_checkpoint={hf_dir!r} has no tokenizer.json")
-    lens = task.token_lengths(tok) if hasattr(task, "token_lengths") else (
-        task.max_prompt_len, task.max_completion_len)
+    lens = (
+        task.token_lengths(tok)
+        if hasattr(task, "token_lengths")
+        else (task.max_prompt_len, task.max_completion_len)
+    )
     layout = rollouts.Layout(lens[0] + 1, config.sampling.max_new_tokens or lens[1] + 1)
   else:
     tok = tasks.make_tokenizer(task)
@@ -69,20 +74,35 @@ def prepare(config: ml_collections.ConfigDict) -> Setup:
   model.vocab_size = vocab
   model.lock()
   # never PAD/BOS inside a completion -- but EOS, where a checkpoint's pad/bos is its EOS
-  suppress = (tuple(i for i in (tok.pad_id, tok.bos_id) if i != tok.eos_id)
-              if config.sampling.suppress_special else ())
+  suppress = (
+      tuple(i for i in (tok.pad_id, tok.bos_id) if i != tok.eos_id)
+      if config.sampling.suppress_special
+      else ()
+  )
   spec = scoring.SamplingSpec.from_config(config.sampling, suppress)
   # pass@1 as sampled at the eval temperature, without top-k / top-p
   eval_spec = scoring.SamplingSpec(config.train.eval_temperature, suppress_ids=suppress)
   if layout.total > config.model.max_len:
-    raise ValueError(f"config.model.max_len={config.model.max_len} is shorter than "
-                     f"prompt ({layout.prompt_len}) + completion "
-                     f"({layout.completion_len}) tokens of task {task.name!r}")
+    raise ValueError(
+        f"config.model.max_len={config.model.max_len} is shorter than "
+        f"prompt ({layout.prompt_len}) + completion "
+        f"({layout.completion_len}) tokens of task {task.name!r}"
+    )
   # held out by construction: the task's eval split, never drawn for SFT or RL
-  eval_problems = task.sample(np.random.default_rng(config.train.eval_seed),
-                              config.train.eval_prompts, split="eval")
+  eval_problems = task.sample(
+      np.random.default_rng(config.train.eval_seed), config.train.eval_prompts, split="eval"
+  )
   expected = None
   if config.train.eval_expected and task.enumerable:
     expected = evaluation.ExpectedPass(task, tok, eval_problems, layout, eval_spec)
-  return Setup(model, task, tok, layout, eval_problems, spec, eval_spec,
-               rl.RLSpec.from_config(config.rl), expected)
+  return Setup(
+      model,
+      task,
+      tok,
+      layout,
+      eval_problems,
+      spec,
+      eval_spec,
+      rl.RLSpec.from_config(config.rl),
+      expected,
+  )

@@ -18,6 +18,7 @@ keeps the records). ``save`` / ``restore`` write and read it through a
 ``checkpoint.Checkpointer``: arrays as one pytree, records as JSON beside
 them, with the model config that made the arrays (checked before a restore).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -34,15 +35,16 @@ from cbs_jax import noise_tracker
 @dataclasses.dataclass
 class Counters:
   """Progress of a run (JSON in the checkpoint)."""
-  round: int = 0                  # rounds completed (the checkpoint step)
-  step: int = 0                   # optimizer updates, applied or skipped
-  rollouts_seen: int = 0          # rollouts generated for training
+
+  round: int = 0  # rounds completed (the checkpoint step)
+  step: int = 0  # optimizer updates, applied or skipped
+  rollouts_seen: int = 0  # rollouts generated for training
   consecutive_nonfinite: int = 0  # skipped (non-finite) updates in a row
-  skipped_updates: int = 0        # skipped updates in all
-  seconds: float = 0.0            # wall seconds spent in rounds (all calls)
+  skipped_updates: int = 0  # skipped updates in all
+  seconds: float = 0.0  # wall seconds spent in rounds (all calls)
   base_pass_rate: float | None = None  # the held-out score at round 0
-  stopped_at_target: bool = False      # stopped at config.train.stop_at_pass_rate
-  stopped_collapsed: bool = False      # stopped below config.train.stop_below_pass_rate
+  stopped_at_target: bool = False  # stopped at config.train.stop_at_pass_rate
+  stopped_collapsed: bool = False  # stopped below config.train.stop_below_pass_rate
 
   @property
   def stopped(self) -> bool:
@@ -53,6 +55,7 @@ class Counters:
 class Evaluation:
   """One held-out evaluation: the round, the rollouts seen by then, the
   score targets are judged on and the sampled pass@1 (None where off)."""
+
   round: int
   rollouts: int
   score: float
@@ -63,6 +66,7 @@ class Evaluation:
 @dataclasses.dataclass
 class RunLog:
   """What the end-of-run summary reads, one entry per round or evaluation."""
+
   evaluations: list[Evaluation] = dataclasses.field(default_factory=list)
   gen_seconds: float = 0.0
   update_seconds: float = 0.0
@@ -79,20 +83,24 @@ class RunLog:
 
   @classmethod
   def from_json(cls, d: dict) -> RunLog:
-    return cls(evaluations=[Evaluation(**e) for e in d["evaluations"]],
-               gen_seconds=d["gen_seconds"], update_seconds=d["update_seconds"],
-               split=list(d["split"]))
+    return cls(
+        evaluations=[Evaluation(**e) for e in d["evaluations"]],
+        gen_seconds=d["gen_seconds"],
+        update_seconds=d["update_seconds"],
+        split=list(d["split"]),
+    )
 
 
 @dataclasses.dataclass
 class RunState:
   """The state of an RL run between rounds (see the module docstring)."""
+
   params: Any
   opt_state: Any
   history: list
   counters: Counters
-  noise: noise_tracker.NoiseEMA        # tracker of raw gradients (what every signal reads)
-  noise_adam: noise_tracker.NoiseEMA   # the same in Adam's preconditioned metric
+  noise: noise_tracker.NoiseEMA  # tracker of raw gradients (what every signal reads)
+  noise_adam: noise_tracker.NoiseEMA  # the same in Adam's preconditioned metric
   controller: controller_lib.AdaptiveBatch | None
   log: RunLog
 
@@ -102,15 +110,20 @@ class RunState:
 
   def records(self) -> dict:
     """The host part, as JSON."""
-    return dict(counters=dataclasses.asdict(self.counters),
-                noise=self.noise.state_dict(), noise_adam=self.noise_adam.state_dict(),
-                controller=None if self.controller is None else self.controller.state_dict(),
-                log=self.log.to_json())
+    return dict(
+        counters=dataclasses.asdict(self.counters),
+        noise=self.noise.state_dict(),
+        noise_adam=self.noise_adam.state_dict(),
+        controller=None if self.controller is None else self.controller.state_dict(),
+        log=self.log.to_json(),
+    )
 
 
 jax.tree_util.register_dataclass(
-    RunState, data_fields=["params", "opt_state", "history"],
-    meta_fields=["counters", "noise", "noise_adam", "controller", "log"])
+    RunState,
+    data_fields=["params", "opt_state", "history"],
+    meta_fields=["counters", "noise", "noise_adam", "controller", "log"],
+)
 
 
 def save(ckpt: ckpt_lib.Checkpointer, state: RunState, model_config: dict) -> None:
@@ -128,12 +141,19 @@ def restore(ckpt: ckpt_lib.Checkpointer, step: int, like: RunState) -> RunState:
     raise ckpt_lib.CheckpointError(
         f"checkpoint {ckpt.directory}/{step} was written before the typed run state "
         "(no 'counters' record): resume it with the cbs_jax version that wrote it, or "
-        "start the run in a new workdir")
+        "start the run in a new workdir"
+    )
   like.noise.load_state_dict(rec["noise"])
   like.noise_adam.load_state_dict(rec["noise_adam"])
   if like.controller is not None and rec["controller"] is not None:
     like.controller.load_state_dict(rec["controller"])
-  return RunState(params=arrays["params"], opt_state=arrays["opt_state"],
-                  history=arrays["history"], counters=Counters(**rec["counters"]),
-                  noise=like.noise, noise_adam=like.noise_adam, controller=like.controller,
-                  log=RunLog.from_json(rec["log"]))
+  return RunState(
+      params=arrays["params"],
+      opt_state=arrays["opt_state"],
+      history=arrays["history"],
+      counters=Counters(**rec["counters"]),
+      noise=like.noise,
+      noise_adam=like.noise_adam,
+      controller=like.controller,
+      log=RunLog.from_json(rec["log"]),
+  )

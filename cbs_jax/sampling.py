@@ -30,6 +30,7 @@ actually sampled from (``scoring.SamplingSpec``: temperature, top-k, top-p
 and suppressed ids applied): the behaviour log-probs GRPO's importance ratios
 need. ``scoring.score`` recomputes the same quantity by teacher forcing.
 """
+
 from __future__ import annotations
 
 import functools
@@ -47,9 +48,9 @@ Array = jax.Array
 
 
 class SampleOutput(NamedTuple):
-  tokens: Array    # B,Tc int32 completion tokens (pad after EOS)
-  mask: Array      # B,Tc float32, 1 on sampled tokens up to and incl. EOS
-  lengths: Array   # B int32, number of valid completion tokens
+  tokens: Array  # B,Tc int32 completion tokens (pad after EOS)
+  mask: Array  # B,Tc float32, 1 on sampled tokens up to and incl. EOS
+  lengths: Array  # B int32, number of valid completion tokens
   logprobs: Array  # B,Tc float32 behaviour log-probs (0 where mask is 0)
 
 
@@ -59,11 +60,12 @@ def left_pad(seqs: Sequence[Sequence[int]], length: int, pad_id: int):
   mask = np.zeros((len(seqs), length), bool)
   for i, s in enumerate(seqs):
     if len(s) > length:
-      raise ValueError(f"prompt {i} has {len(s)} tokens, longer than the "
-                       f"prompt length {length}")
+      raise ValueError(
+          f"prompt {i} has {len(s)} tokens, longer than the " f"prompt length {length}"
+      )
     if len(s):
-      toks[i, length - len(s):] = s
-      mask[i, length - len(s):] = True
+      toks[i, length - len(s) :] = s
+      mask[i, length - len(s) :] = True
   return toks, mask
 
 
@@ -81,8 +83,9 @@ def _check_tokens(name: str, tokens, vocab_size: int):
   t = np.asarray(tokens)
   if t.size and (t.min() < 0 or t.max() >= vocab_size):
     bad = t[(t < 0) | (t >= vocab_size)].flat[0]
-    raise ValueError(f"{name} holds token id {int(bad)} outside the vocabulary "
-                     f"[0, {vocab_size})")
+    raise ValueError(
+        f"{name} holds token id {int(bad)} outside the vocabulary " f"[0, {vocab_size})"
+    )
 
 
 def sample_tokens(key, logp_BxV: Array) -> Array:
@@ -111,13 +114,13 @@ def segment_bounds(max_new_tokens: int, segments: int = 0) -> tuple:
   segments (length buckets). ``segments`` = 0: automatic, up to 4 segments of
   at least 8 steps (one compiled loop body each)."""
   if isinstance(segments, bool) or not isinstance(segments, (int, np.integer)) or segments < 0:
-    raise ValueError(f"decode_segments must be an integer >= 0 (0 = automatic), "
-                     f"got {segments!r}")
+    raise ValueError(
+        f"decode_segments must be an integer >= 0 (0 = automatic), " f"got {segments!r}"
+    )
   n = int(segments) or max(1, min(4, max_new_tokens // 8))
   n = min(n, max_new_tokens)
   step = -(-max_new_tokens // n)
-  return tuple(min(max_new_tokens, step * (j + 1)) for j in range(n)
-               if step * j < max_new_tokens)
+  return tuple(min(max_new_tokens, step * (j + 1)) for j in range(n) if step * j < max_new_tokens)
 
 
 _CONFIGS: dict = {}
@@ -137,9 +140,19 @@ def _config(graphdef, params):
     return model_lib.config_of(graphdef, params)
 
 
-def generate(graphdef, params, prompt_BxTp, prompt_mask_BxTp, key, *,
-             max_new_tokens: int, eos_id: int | None, pad_id: int, spec: SamplingSpec,
-             decode_segments: int = 0) -> SampleOutput:
+def generate(
+    graphdef,
+    params,
+    prompt_BxTp,
+    prompt_mask_BxTp,
+    key,
+    *,
+    max_new_tokens: int,
+    eos_id: int | None,
+    pad_id: int,
+    spec: SamplingSpec,
+    decode_segments: int = 0,
+) -> SampleOutput:
   """Sample completions for a batch of left-padded prompts (see module doc)
   from the distribution ``spec`` (``scoring.process_logits``).
 
@@ -156,34 +169,58 @@ def generate(graphdef, params, prompt_BxTp, prompt_mask_BxTp, key, *,
     except TypeError:
       ok = False
     if not ok:
-      raise ValueError(f"{name}={v!r} is not a token id in the vocabulary "
-                       f"[0, {cfg['vocab_size']})" + (" (None: eos_id only)" if v is None else ""))
+      raise ValueError(
+          f"{name}={v!r} is not a token id in the vocabulary "
+          f"[0, {cfg['vocab_size']})" + (" (None: eos_id only)" if v is None else "")
+      )
   if not isinstance(prompt_mask_BxTp, jax.core.Tracer):
     pm = np.asarray(prompt_mask_BxTp)
     if pm.size and not pm[:, -1].all():
-      raise ValueError("prompt_mask_BxTp: prompts must be left-padded with at least one "
-                       "real token (its last column all True)")
+      raise ValueError(
+          "prompt_mask_BxTp: prompts must be left-padded with at least one "
+          "real token (its last column all True)"
+      )
   B, Tp = np.shape(prompt_BxTp)
   if Tp + max_new_tokens > cfg["max_len"]:
-    raise ValueError(f"prompt length {Tp} + max_new_tokens {max_new_tokens} "
-                     f"exceeds the KV cache (model.max_len={cfg['max_len']})")
-  sampler = make_sampler(graphdef, max_new_tokens=int(max_new_tokens), eos_id=eos_id,
-                         pad_id=pad_id, spec=spec, decode_segments=decode_segments)
-  return sampler(params, jnp.asarray(prompt_BxTp, jnp.int32),
-                 jnp.asarray(prompt_mask_BxTp, bool), key)
+    raise ValueError(
+        f"prompt length {Tp} + max_new_tokens {max_new_tokens} "
+        f"exceeds the KV cache (model.max_len={cfg['max_len']})"
+    )
+  sampler = make_sampler(
+      graphdef,
+      max_new_tokens=int(max_new_tokens),
+      eos_id=eos_id,
+      pad_id=pad_id,
+      spec=spec,
+      decode_segments=decode_segments,
+  )
+  return sampler(
+      params, jnp.asarray(prompt_BxTp, jnp.int32), jnp.asarray(prompt_mask_BxTp, bool), key
+  )
 
 
-def make_sampler(graphdef, *, max_new_tokens: int, eos_id: int | None, pad_id: int,
-                 spec: SamplingSpec, decode_segments: int = 0):
+def make_sampler(
+    graphdef,
+    *,
+    max_new_tokens: int,
+    eos_id: int | None,
+    pad_id: int,
+    spec: SamplingSpec,
+    decode_segments: int = 0,
+):
   """The jitted sampler ``fn(params, prompt_BxTp, prompt_mask_BxTp, key) ->
   SampleOutput`` (arguments as ``generate``'s; int32 prompt, bool mask). No
   argument checks and no host work per call beyond jit's dispatch: the entry
   point for timing and for callers that hold device arrays. Cached per
   (graphdef, settings)."""
-  return _make_sampler(graphdef, int(max_new_tokens),
-                       None if eos_id is None else operator.index(eos_id),
-                       operator.index(pad_id), spec,
-                       segment_bounds(int(max_new_tokens), decode_segments))
+  return _make_sampler(
+      graphdef,
+      int(max_new_tokens),
+      None if eos_id is None else operator.index(eos_id),
+      operator.index(pad_id),
+      spec,
+      segment_bounds(int(max_new_tokens), decode_segments),
+  )
 
 
 @functools.lru_cache(maxsize=64)
@@ -199,12 +236,18 @@ def _make_sampler(graphdef, max_new_tokens, eos_id, pad_id, spec, bounds):
     plen = prompt_mask.sum(-1).astype(jnp.int32)
     cache = model_lib.init_cache(cfg, B, Tp + bounds[0])
     kv_mask = jnp.concatenate([prompt_mask, jnp.zeros((B, bounds[0]), bool)], 1)
-    out = model_lib.apply(graphdef, params, prompt, positions_from_mask(prompt_mask),
-                          kv_mask, cache, 0)
-    s = dict(t=jnp.int32(0), logits=out.logits[:, -1], cache=out.cache,
-             done=jnp.zeros((B,), bool),
-             tokens=jnp.full((B, Tc), pad_id, jnp.int32),
-             logprobs=jnp.zeros((B, Tc), jnp.float32), key=key)
+    out = model_lib.apply(
+        graphdef, params, prompt, positions_from_mask(prompt_mask), kv_mask, cache, 0
+    )
+    s = dict(
+        t=jnp.int32(0),
+        logits=out.logits[:, -1],
+        cache=out.cache,
+        done=jnp.zeros((B,), bool),
+        tokens=jnp.full((B, Tc), pad_id, jnp.int32),
+        logprobs=jnp.zeros((B, Tc), jnp.float32),
+        key=key,
+    )
 
     def sample(s):
       """Sample token t from s["logits"] into s; returns (token, new s)."""
@@ -218,10 +261,13 @@ def _make_sampler(graphdef, max_new_tokens, eos_id, pad_id, spec, bounds):
         lp = jnp.where(done, 0.0, lp)
         done = done | (tok == eos_id)
       t = s["t"]
-      return tok, dict(s, key=key, done=done,
-                       tokens=jax.lax.dynamic_update_slice(s["tokens"], tok[:, None], (0, t)),
-                       logprobs=jax.lax.dynamic_update_slice(s["logprobs"], lp[:, None],
-                                                             (0, t)))
+      return tok, dict(
+          s,
+          key=key,
+          done=done,
+          tokens=jax.lax.dynamic_update_slice(s["tokens"], tok[:, None], (0, t)),
+          logprobs=jax.lax.dynamic_update_slice(s["logprobs"], lp[:, None], (0, t)),
+      )
 
     for j, t1 in enumerate(bounds):
       S = Tp + t1
@@ -237,16 +283,15 @@ def _make_sampler(graphdef, max_new_tokens, eos_id, pad_id, spec, bounds):
       def body(s, kv_mask=kv_mask):
         tok, s = sample(s)
         t = s["t"]
-        o = model_lib.apply(graphdef, params, tok[:, None], (plen + t)[:, None], kv_mask,
-                            s["cache"], Tp + t)
+        o = model_lib.apply(
+            graphdef, params, tok[:, None], (plen + t)[:, None], kv_mask, s["cache"], Tp + t
+        )
         return dict(s, t=t + 1, logits=o.logits[:, 0], cache=o.cache)
 
       if eos_id is None:
-        s = jax.lax.fori_loop(0, stop - (0 if j == 0 else bounds[j - 1]),
-                              lambda i, s: body(s), s)
+        s = jax.lax.fori_loop(0, stop - (0 if j == 0 else bounds[j - 1]), lambda i, s: body(s), s)
       else:
-        s = jax.lax.while_loop(lambda s, stop=stop: (s["t"] < stop) & ~jnp.all(s["done"]),
-                               body, s)
+        s = jax.lax.while_loop(lambda s, stop=stop: (s["t"] < stop) & ~jnp.all(s["done"]), body, s)
     _, s = sample(s)  # token Tc - 1 (or a pad row once every row is done)
     t_end = s["t"] + 1
     if eos_id is None:
@@ -254,10 +299,10 @@ def _make_sampler(graphdef, max_new_tokens, eos_id, pad_id, spec, bounds):
       return SampleOutput(s["tokens"], mask, jnp.full((B,), Tc, jnp.int32), s["logprobs"])
     is_eos = s["tokens"] == eos_id
     # a sequence's valid tokens are those sampled while it was live: up to EOS
-    live_len = jnp.where(jnp.any(is_eos, -1), jnp.argmax(is_eos, -1) + 1,
-                         jnp.minimum(t_end, Tc))
+    live_len = jnp.where(jnp.any(is_eos, -1), jnp.argmax(is_eos, -1) + 1, jnp.minimum(t_end, Tc))
     mask = jnp.arange(Tc)[None] < live_len[:, None]
-    return SampleOutput(s["tokens"], mask.astype(jnp.float32), live_len.astype(jnp.int32),
-                        s["logprobs"])
+    return SampleOutput(
+        s["tokens"], mask.astype(jnp.float32), live_len.astype(jnp.int32), s["logprobs"]
+    )
 
   return jax.jit(sampler)

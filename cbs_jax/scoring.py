@@ -11,6 +11,7 @@ train) never imports the sampler.
 Sequence layout: ``[prompt, left-padded to Tp][completion, right-padded to Tc]``;
 positions count from the first real token (``positions_from_mask``).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -51,6 +52,7 @@ class SamplingSpec:
     suppress_ids: token ids never emitted (e.g. PAD and BOS inside a
       completion; ``train.prepare`` sets them from the tokenizer).
   """
+
   temperature: float = 1.0
   top_k: int = 0
   top_p: float = 1.0
@@ -73,8 +75,9 @@ class SamplingSpec:
     except TypeError:
       ok = False
     if not ok:
-      raise ValueError(f"suppress_ids must be token ids (integers >= 0), "
-                       f"got {self.suppress_ids!r}")
+      raise ValueError(
+          f"suppress_ids must be token ids (integers >= 0), " f"got {self.suppress_ids!r}"
+      )
     object.__setattr__(self, "temperature", float(temperature))
     object.__setattr__(self, "top_k", int(top_k))
     object.__setattr__(self, "top_p", float(self.top_p))
@@ -84,14 +87,15 @@ class SamplingSpec:
   def from_config(cls, sampling_cfg, suppress_ids=()) -> "SamplingSpec":
     """The spec of ``config.sampling`` (its temperature, top_k, top_p) with
     ``suppress_ids`` (set from the tokenizer, not a config field)."""
-    return cls(sampling_cfg.temperature, sampling_cfg.top_k, sampling_cfg.top_p,
-               tuple(suppress_ids))
+    return cls(
+        sampling_cfg.temperature, sampling_cfg.top_k, sampling_cfg.top_p, tuple(suppress_ids)
+    )
 
 
 class ScoreOutput(NamedTuple):
-  logprobs: Array        # B,Tc float32 log-probs of the given completion tokens
-  values: Array | None   # B,Tc float32 critic values before each token, or None
-  logits: Array          # B,Tc,V float32 (processed by temperature/top-k/top-p)
+  logprobs: Array  # B,Tc float32 log-probs of the given completion tokens
+  values: Array | None  # B,Tc float32 critic values before each token, or None
+  logits: Array  # B,Tc,V float32 (processed by temperature/top-k/top-p)
 
 
 def positions_from_mask(mask_BxT: Array) -> Array:
@@ -119,17 +123,20 @@ def process_logits(logits: Array, spec: SamplingSpec) -> Array:
   return jax.nn.log_softmax(x, axis=-1)
 
 
-def teacher_forcing_inputs(prompt_BxTp, prompt_mask_BxTp, completion_BxTc,
-                           completion_mask_BxTc):
+def teacher_forcing_inputs(prompt_BxTp, prompt_mask_BxTp, completion_BxTc, completion_mask_BxTc):
   """(tokens, positions, kv_mask) of the full [prompt][completion] sequence."""
   tokens = jnp.concatenate([prompt_BxTp, completion_BxTc], 1)
-  mask = jnp.concatenate([prompt_mask_BxTp.astype(bool),
-                          completion_mask_BxTc.astype(bool)], 1)
+  mask = jnp.concatenate([prompt_mask_BxTp.astype(bool), completion_mask_BxTc.astype(bool)], 1)
   return tokens, positions_from_mask(mask), mask
 
 
-def score_from_output(out: model_lib.Output, prompt_len: int, completion_BxTc,
-                      completion_mask_BxTc, spec: SamplingSpec) -> ScoreOutput:
+def score_from_output(
+    out: model_lib.Output,
+    prompt_len: int,
+    completion_BxTc,
+    completion_mask_BxTc,
+    spec: SamplingSpec,
+) -> ScoreOutput:
   """``score`` given the model's output over ``teacher_forcing_inputs`` (for
   callers that run the forward themselves, e.g. ``ghost.py``'s tapped one)."""
   Tp, Tc = prompt_len, completion_BxTc.shape[1]
@@ -143,12 +150,21 @@ def score_from_output(out: model_lib.Output, prompt_len: int, completion_BxTc,
   return ScoreOutput(logp, values, logp_all)
 
 
-def score(graphdef, params, prompt_BxTp, prompt_mask_BxTp, completion_BxTc,
-          completion_mask_BxTc, spec: SamplingSpec) -> ScoreOutput:
+def score(
+    graphdef,
+    params,
+    prompt_BxTp,
+    prompt_mask_BxTp,
+    completion_BxTc,
+    completion_mask_BxTc,
+    spec: SamplingSpec,
+) -> ScoreOutput:
   """Teacher-forced log-probs of the completion tokens under ``spec`` (same
   layout and processing as ``generate``). Pure; jit it with
   ``static_argnums=(0, 6)`` (graphdef, spec); differentiate through it."""
-  out = model_lib.apply(graphdef, params, *teacher_forcing_inputs(
-      prompt_BxTp, prompt_mask_BxTp, completion_BxTc, completion_mask_BxTc))
-  return score_from_output(out, prompt_BxTp.shape[1], completion_BxTc, completion_mask_BxTc,
-                           spec)
+  out = model_lib.apply(
+      graphdef,
+      params,
+      *teacher_forcing_inputs(prompt_BxTp, prompt_mask_BxTp, completion_BxTc, completion_mask_BxTc),
+  )
+  return score_from_output(out, prompt_BxTp.shape[1], completion_BxTc, completion_mask_BxTc, spec)

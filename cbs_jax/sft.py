@@ -6,6 +6,7 @@ conditional distribution the sampler draws from. Adam with linear warmup and
 cosine decay; the held-out pass@1 is measured with sampled (not greedy)
 decoding, the number RL will then move.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -28,8 +29,15 @@ from cbs_jax import scoring
 
 
 def sft_loss(params, graphdef, batch):
-  sc = scoring.score(graphdef, params, batch["prompt"], batch["prompt_mask"],
-                      batch["completion"], batch["completion_mask"], scoring.SamplingSpec())
+  sc = scoring.score(
+      graphdef,
+      params,
+      batch["prompt"],
+      batch["prompt_mask"],
+      batch["completion"],
+      batch["completion_mask"],
+      scoring.SamplingSpec(),
+  )
   m = batch["completion_mask"]
   return -jnp.sum(sc.logprobs) / jnp.maximum(jnp.sum(m), 1.0)
 
@@ -46,7 +54,7 @@ def corrupt(problems, task, rng, rate: float):
     if p.solution and rng.random() < rate:
       i = int(rng.integers(len(p.solution)))
       ch = task.alphabet[int(rng.integers(len(task.alphabet)))]
-      p = dataclasses.replace(p, solution=p.solution[:i] + ch + p.solution[i + 1:])
+      p = dataclasses.replace(p, solution=p.solution[:i] + ch + p.solution[i + 1 :])
     out.append(p)
   return out
 
@@ -71,8 +79,12 @@ def train_sft(config, setup: run_setup.Setup, workdir: str):
   model_meta = model_cfg.to_dict()
   tx = optax.chain(
       optax.clip_by_global_norm(1.0),
-      optax.adam(optax.warmup_cosine_decay_schedule(
-          0.0, c.lr, c.warmup_steps, max(c.steps, c.warmup_steps + 1), c.lr * 0.1)))
+      optax.adam(
+          optax.warmup_cosine_decay_schedule(
+              0.0, c.lr, c.warmup_steps, max(c.steps, c.warmup_steps + 1), c.lr * 0.1
+          )
+      ),
+  )
   opt_state = tx.init(params)
   start = 0
   if ckpt.latest_step() is not None:
@@ -90,11 +102,19 @@ def train_sft(config, setup: run_setup.Setup, workdir: str):
 
   writer = metrics_lib.MetricsWriter(workdir, resume_round=start, key="step")
   eval_key = jax.random.key(config.train.eval_seed)
-  evaluate = lambda p: rollouts.pass_rate(graphdef, p, task, tok, setup.eval_problems,
-                                          eval_key, layout, setup.eval_sampling)
+  evaluate = lambda p: rollouts.pass_rate(
+      graphdef, p, task, tok, setup.eval_problems, eval_key, layout, setup.eval_sampling
+  )
   t0 = time.time()
-  bar = tqdm.trange(start, c.steps, desc="sft", disable=not config.train.progress,
-                    initial=start, total=c.steps, mininterval=1.0)
+  bar = tqdm.trange(
+      start,
+      c.steps,
+      desc="sft",
+      disable=not config.train.progress,
+      initial=start,
+      total=c.steps,
+      mininterval=1.0,
+  )
   loss = None
   for s in bar:
     rng = np.random.default_rng([config.seed, 7, s])
@@ -111,13 +131,17 @@ def train_sft(config, setup: run_setup.Setup, workdir: str):
       row["eval_pass_rate"] = ev["pass_rate"]
       row.update({f"eval_pass_rate_d{d}": v for d, v in ev["by_difficulty"].items()})
       bar.set_postfix(loss=f"{row['loss']:.3f}", pass_rate=f"{ev['pass_rate']:.3f}")
-      summary = {"sft_steps": s + 1, "sft_loss": row["loss"],
-                 "base_pass_rate": ev["pass_rate"],
-                 "sft_seconds": time.time() - t0}
+      summary = {
+          "sft_steps": s + 1,
+          "sft_loss": row["loss"],
+          "base_pass_rate": ev["pass_rate"],
+          "sft_seconds": time.time() - t0,
+      }
     writer.write(row)
     if do_eval:
-      ckpt.save(s + 1, (params, opt_state),
-                {"step": s + 1, "model": model_meta, "summary": summary})
+      ckpt.save(
+          s + 1, (params, opt_state), {"step": s + 1, "model": model_meta, "summary": summary}
+      )
   writer.close()
   ckpt.close()
   return graphdef, params, summary

@@ -28,6 +28,7 @@ that live on its devices (``process_rows``); ``global_batch`` assembles the
 processes' local rows into one global array and ``host`` gathers a global
 array back to every process.
 """
+
 from __future__ import annotations
 
 import jax
@@ -40,8 +41,14 @@ MESH_AXES = ("data", "fsdp", "tensor")
 BATCH_AXES = ("data", "fsdp")  # the rollout dimension is split over both
 # logical axis name -> mesh axis (None = replicated); a run's rules come from
 # ``config.mesh.rules`` (a mesh change is a config override)
-DEFAULT_RULES = {"vocab": "tensor", "mlp": "tensor", "heads": "tensor",
-                 "kv_heads": "tensor", "embed": "fsdp", "head_dim": None}
+DEFAULT_RULES = {
+    "vocab": "tensor",
+    "mlp": "tensor",
+    "heads": "tensor",
+    "kv_heads": "tensor",
+    "embed": "fsdp",
+    "head_dim": None,
+}
 
 
 def format_rules(rules: dict) -> str:
@@ -64,8 +71,9 @@ def parse_rules(text: str) -> dict:
   return rules
 
 
-def mesh_shape(data: int = -1, fsdp: int = 1, tensor: int = 1,
-               num_devices: int | None = None) -> tuple[int, int, int]:
+def mesh_shape(
+    data: int = -1, fsdp: int = 1, tensor: int = 1, num_devices: int | None = None
+) -> tuple[int, int, int]:
   """(data, fsdp, tensor) for ``num_devices`` (default: all), resolving the
   one -1; ValueError naming the config fields and the device count when the
   product cannot match."""
@@ -73,8 +81,9 @@ def mesh_shape(data: int = -1, fsdp: int = 1, tensor: int = 1,
   sizes = {"data": data, "fsdp": fsdp, "tensor": tensor}
   for k, v in sizes.items():
     if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or not (v == -1 or v > 0):
-      raise ValueError(f"config.mesh.{k} must be a positive integer or -1 (the rest), "
-                       f"got {v!r}")
+      raise ValueError(
+          f"config.mesh.{k} must be a positive integer or -1 (the rest), " f"got {v!r}"
+      )
   rest = [k for k, v in sizes.items() if v == -1]
   named = " x ".join(f"config.mesh.{k}={v}" for k, v in sizes.items())
   if len(rest) > 1:
@@ -82,8 +91,9 @@ def mesh_shape(data: int = -1, fsdp: int = 1, tensor: int = 1,
   fixed = int(np.prod([v for v in sizes.values() if v != -1]))
   if rest:
     if n % fixed:
-      raise ValueError(f"{named}: the fixed axes ({fixed} devices) do not divide the "
-                       f"{n} devices")
+      raise ValueError(
+          f"{named}: the fixed axes ({fixed} devices) do not divide the " f"{n} devices"
+      )
     sizes[rest[0]] = n // fixed
   elif fixed != n:
     raise ValueError(f"{named} = {fixed} devices, but there are {n} devices")
@@ -114,8 +124,11 @@ def param_shardings(params, mesh, rules: dict | None = None):
   rules = DEFAULT_RULES if rules is None else rules
   logical = nnx.get_partition_spec(params)  # PartitionSpec of logical names per leaf
   return jax.tree.map(
-      lambda a, x: NamedSharding(mesh, _spec(tuple(a), x.shape, mesh, rules)), logical,
-      params, is_leaf=lambda v: isinstance(v, PS))
+      lambda a, x: NamedSharding(mesh, _spec(tuple(a), x.shape, mesh, rules)),
+      logical,
+      params,
+      is_leaf=lambda v: isinstance(v, PS),
+  )
 
 
 def shard_params(params, mesh, rules: dict | None = None):
@@ -131,13 +144,15 @@ def state_shardings(state, params, param_sh, mesh):
 
   def like_params(node):
     try:
-      return (jax.tree.structure(node) == pdef and
-              [np.shape(x) for x in jax.tree.leaves(node)] == pshapes)
+      return (
+          jax.tree.structure(node) == pdef
+          and [np.shape(x) for x in jax.tree.leaves(node)] == pshapes
+      )
     except Exception:  # pylint: disable=broad-except
       return False
+
   rep = NamedSharding(mesh, PS())
-  return jax.tree.map(lambda n: param_sh if like_params(n) else rep, state,
-                      is_leaf=like_params)
+  return jax.tree.map(lambda n: param_sh if like_params(n) else rep, state, is_leaf=like_params)
 
 
 def shard_state(state, params, param_sh, mesh):
@@ -162,27 +177,33 @@ def batch_sharding(mesh, rows: int) -> NamedSharding:
 def shard_batch(batch: dict, mesh) -> dict:
   """Split every array's leading (rollout) dimension over (data, fsdp).
   Host (numpy) inputs must be the same global batch on every process."""
+
   def put(x):
     x = np.asarray(x) if not isinstance(x, jax.Array) else x
     spec = batch_spec(mesh, x.shape[0]) if x.ndim else PS()
     return jax.device_put(x, NamedSharding(mesh, spec))
+
   return {k: put(v) for k, v in batch.items()}
 
 
 # ------------------------------------------------------------- multi-process
+
 
 def process_rows(mesh, rows: int) -> tuple[int, int]:
   """[lo, hi): the rows of a ``rows``-row batch (sharded by ``batch_sharding``)
   that live on this process's devices. ValueError if they are not one
   contiguous block (a mesh whose batch axes interleave processes)."""
   idx = batch_sharding(mesh, rows).addressable_devices_indices_map((rows,))
-  spans = sorted({(s[0].start or 0, rows if s[0].stop is None else s[0].stop)
-                  for s in idx.values()})
+  spans = sorted(
+      {(s[0].start or 0, rows if s[0].stop is None else s[0].stop) for s in idx.values()}
+  )
   lo, hi = spans[0][0], spans[-1][1]
   covered = sum(b - a for a, b in spans)
   if covered != hi - lo:
-    raise ValueError(f"process {jax.process_index()}'s rows of a {rows}-row batch are not "
-                     f"contiguous on mesh {dict(mesh.shape)}: {spans}")
+    raise ValueError(
+        f"process {jax.process_index()}'s rows of a {rows}-row batch are not "
+        f"contiguous on mesh {dict(mesh.shape)}: {spans}"
+    )
   return lo, hi
 
 
@@ -191,7 +212,8 @@ def global_batch(local, mesh, rows: int):
   of ``process_rows``), sharded by ``batch_sharding``."""
   local = np.asarray(local)
   return jax.make_array_from_process_local_data(
-      batch_sharding(mesh, rows), local, (rows,) + local.shape[1:])
+      batch_sharding(mesh, rows), local, (rows,) + local.shape[1:]
+  )
 
 
 def host(x) -> np.ndarray:
@@ -199,6 +221,7 @@ def host(x) -> np.ndarray:
   on every process."""
   if isinstance(x, jax.Array) and not (x.is_fully_addressable or x.is_fully_replicated):
     from jax.experimental import multihost_utils  # pylint: disable=import-outside-toplevel
+
     return np.asarray(multihost_utils.process_allgather(x, tiled=True))
   return np.asarray(jax.device_get(x))
 
@@ -237,8 +260,11 @@ def initialize_distributed(dc) -> None:
     kw["process_id"] = int(dc.process_id)
   if dc.local_device_ids:
     kw["local_device_ids"] = [int(i) for i in str(dc.local_device_ids).split(",")]
-  jax.distributed.initialize(initialization_timeout=int(dc.initialization_timeout),
-                             heartbeat_timeout_seconds=int(dc.heartbeat_timeout), **kw)
+  jax.distributed.initialize(
+      initialization_timeout=int(dc.initialization_timeout),
+      heartbeat_timeout_seconds=int(dc.heartbeat_timeout),
+      **kw,
+  )
 
 
 def put(tree, shardings):
@@ -247,6 +273,7 @@ def put(tree, shardings):
   warm start each process computed) goes through the host, since JAX does
   not transfer between one process's device and another's."""
   if jax.process_count() > 1:
-    tree = jax.tree.map(lambda x: np.asarray(x) if isinstance(x, jax.Array)
-                        and x.is_fully_addressable else x, tree)
+    tree = jax.tree.map(
+        lambda x: np.asarray(x) if isinstance(x, jax.Array) and x.is_fully_addressable else x, tree
+    )
   return jax.device_put(tree, shardings)

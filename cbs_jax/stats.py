@@ -25,6 +25,7 @@ general pieces (numpy and scipy.stats only):
   normal quantile z, for intervals whose variances are estimated.
 * ``fmt``: ``value +- se`` / ``[lo, hi]`` formatting used in tables.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -36,11 +37,11 @@ from scipy import stats as sps
 
 @dataclasses.dataclass
 class WLSFit:
-  coef: np.ndarray      # [p]
-  cov: np.ndarray       # [p, p] coefficient covariance, scaled by chi2/dof
-  chi2: float           # sum of squared weighted residuals
-  dof: int              # n - p
-  aic: float            # chi2 + 2 p (Gaussian errors with the given SEs)
+  coef: np.ndarray  # [p]
+  cov: np.ndarray  # [p, p] coefficient covariance, scaled by chi2/dof
+  chi2: float  # sum of squared weighted residuals
+  dof: int  # n - p
+  aic: float  # chi2 + 2 p (Gaussian errors with the given SEs)
 
   @property
   def se(self) -> np.ndarray:
@@ -87,8 +88,9 @@ def compare_nested(small: WLSFit, big: WLSFit) -> dict:
   if q <= 0 or big.dof <= 0:
     return dict(F=math.nan, p_value=math.nan, delta_aic=big.aic - small.aic)
   F = ((small.chi2 - big.chi2) / q) / max(big.chi2 / big.dof, 1e-300)
-  return dict(F=float(F), p_value=float(sps.f.sf(F, q, big.dof)),
-              delta_aic=float(big.aic - small.aic))
+  return dict(
+      F=float(F), p_value=float(sps.f.sf(F, q, big.dof)), delta_aic=float(big.aic - small.aic)
+  )
 
 
 def percentile_ci(replicates, level: float = 0.9) -> tuple[float, float]:
@@ -122,8 +124,9 @@ def ratio_of_means(num, den) -> tuple[float, float]:
   return float(ratio), float(se)
 
 
-def fieller_interval(num: float, den: float, var_num: float, var_den: float,
-                     cov: float, z: float) -> tuple[float, float]:
+def fieller_interval(
+    num: float, den: float, var_num: float, var_den: float, cov: float, z: float
+) -> tuple[float, float]:
   """Fieller's interval for the ratio num / den of two jointly normal estimates.
 
   The set of ratios r that a z-SE test of num - r den = 0 does not reject:
@@ -165,8 +168,11 @@ def t_quantile_like(z: float, dof: float) -> float:
 
 def fmt(value, lo=None, hi=None, se=None, digits: int = 3) -> str:
   """``value [lo, hi]`` or ``value +- se`` with ``digits`` significant digits."""
-  g = lambda x: "–" if x is None else ("inf" if x == math.inf else (
-      "nan" if not math.isfinite(x) else f"{x:.{digits}g}"))
+  g = (
+      lambda x: "–"
+      if x is None
+      else ("inf" if x == math.inf else ("nan" if not math.isfinite(x) else f"{x:.{digits}g}"))
+  )
   if lo is not None:
     return f"{g(value)} [{g(lo)}, {g(hi)}]"
   if se is not None:

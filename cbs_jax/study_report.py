@@ -10,6 +10,7 @@ records (``study.collect``, ``study.per_batch_rows``, ``study.fit_targets``):
 * ``save_fits``: the fits as JSON.
 * ``law_figures``: the S(N) figure, the S-E Pareto and the learning curves.
 """
+
 from __future__ import annotations
 
 import csv
@@ -24,7 +25,8 @@ def write_runs_csv(path: str, records, targets) -> None:
   """One CSV line per run: shape, seed, updates per round, and rounds /
   steps / rollouts to each target (empty where never reached)."""
   cols = ["name", "N", "P", "K", "seed", "updates_per_round", "lr"] + [
-      f"{x}@{float(t)}" for t in targets for x in ("rounds", "steps", "rollouts")]
+      f"{x}@{float(t)}" for t in targets for x in ("rounds", "steps", "rollouts")
+  ]
   with open(path, "w", newline="") as f:
     w = csv.DictWriter(f, fieldnames=cols)
     w.writeheader()
@@ -36,8 +38,9 @@ def write_runs_csv(path: str, records, targets) -> None:
       w.writerow(row)
 
 
-def summary_table(table_rows, targets, x: str = "rounds", x_label: str = "rounds",
-                  extra=()) -> tuple[list[dict], list[str]]:
+def summary_table(
+    table_rows, targets, x: str = "rounds", x_label: str = "rounds", extra=()
+) -> tuple[list[dict], list[str]]:
   """Formatted per-N rows (``per_batch_rows``) and their columns: S in
   ``x`` units and E in rollouts per target, ``mean [lo, hi]`` over seeds."""
   cols = ["N", "P", "K", "seeds", *extra]
@@ -47,8 +50,9 @@ def summary_table(table_rows, targets, x: str = "rounds", x_label: str = "rounds
     for t in targets:
       t = float(t)
       d[f"S@{t} ({x_label})"] = stats.fmt(r[f"{x}@{t}"], r[f"{x}@{t}_lo"], r[f"{x}@{t}_hi"])
-      d[f"E@{t} (rollouts)"] = stats.fmt(r[f"rollouts@{t}"], r[f"rollouts@{t}_lo"],
-                                         r[f"rollouts@{t}_hi"])
+      d[f"E@{t} (rollouts)"] = stats.fmt(
+          r[f"rollouts@{t}"], r[f"rollouts@{t}_lo"], r[f"rollouts@{t}_hi"]
+      )
       d[f"reached@{t}"] = f"{r[f'reached@{t}']}/{r['seeds']}"
     show.append(d)
   for t in targets:
@@ -59,8 +63,10 @@ def summary_table(table_rows, targets, x: str = "rounds", x_label: str = "rounds
 
 def fit_lines(fits, x_label: str = "rounds") -> list[str]:
   """Markdown table lines of ``{target: fit}``."""
-  lines = [f"| target | B_crit (rollouts) | S_min ({x_label}) | E_min (rollouts) | verdict |",
-           "|---|---|---|---|---|"]
+  lines = [
+      f"| target | B_crit (rollouts) | S_min ({x_label}) | E_min (rollouts) | verdict |",
+      "|---|---|---|---|---|",
+  ]
   for t, f in fits.items():
     if "error" in f:
       lines.append(f"| {t} | – | – | – | unresolved: {f['error']} |")
@@ -69,39 +75,78 @@ def fit_lines(fits, x_label: str = "rounds") -> list[str]:
         f"| {t} | {stats.fmt(f['B_crit'], f['B_crit_lo'], f['B_crit_hi'])} | "
         f"{stats.fmt(f['S_min'], f['S_min_lo'], f['S_min_hi'])} | "
         f"{stats.fmt(f['E_min'], f['E_min_lo'], f['E_min_hi'])} | {f['verdict']}"
-        f"{': ' + f['why'] if f['why'] else ''} |")
+        f"{': ' + f['why'] if f['why'] else ''} |"
+    )
   return lines
 
 
 def save_fits(path: str, fits_by_name: dict, **extra) -> None:
   """Fits (without their bootstrap replicates) and extras as JSON."""
-  doc = {name: {str(t): {k: v for k, v in f.items() if k != "boot_B_crit"}
-                for t, f in fits.items()} for name, fits in fits_by_name.items()}
+  doc = {
+      name: {str(t): {k: v for k, v in f.items() if k != "boot_B_crit"} for t, f in fits.items()}
+      for name, fits in fits_by_name.items()
+  }
   with open(path, "w") as fh:
     json.dump(doc | extra, fh, indent=1, default=float)
 
 
-def law_figures(out, records, fit, target: float, title: str, x: str = "rounds",
-                step_label: str = "generation rounds", b_noise=None, prefix: str = "") -> None:
+def law_figures(
+    out,
+    records,
+    fit,
+    target: float,
+    title: str,
+    x: str = "rounds",
+    step_label: str = "generation rounds",
+    b_noise=None,
+    prefix: str = "",
+) -> None:
   """The S(N) figure, the S-E Pareto and the learning curves (mean and
   range over seeds per N, by rollouts and by ``x``) of one study."""
-  pts = [dict(N=r["N"], S=r["to_target"][target][x], E=r["to_target"][target]["rollouts"],
-              seed=r["seed"]) for r in records]
+  pts = [
+      dict(
+          N=r["N"],
+          S=r["to_target"][target][x],
+          E=r["to_target"][target]["rollouts"],
+          seed=r["seed"],
+      )
+      for r in records
+  ]
   fit = None if fit is None or "error" in fit else fit
-  plots.save(plots.steps_vs_batch(pts, fit, title=f"{title}, target {target}",
-                                  step_label=step_label, b_noise=b_noise),
-             out.path(f"{prefix}.png"))
+  plots.save(
+      plots.steps_vs_batch(
+          pts, fit, title=f"{title}, target {target}", step_label=step_label, b_noise=b_noise
+      ),
+      out.path(f"{prefix}.png"),
+  )
   if any(p["S"] is not None for p in pts):
-    plots.save(plots.pareto(pts, fit, title=f"{title}, target {target}",
-                            step_label=step_label), out.path(f"{prefix}_pareto.png"))
+    plots.save(
+        plots.pareto(pts, fit, title=f"{title}, target {target}", step_label=step_label),
+        out.path(f"{prefix}_pareto.png"),
+    )
   curves = []
   for N in sorted({r["N"] for r in records}):
     rs = [r for r in records if r["N"] == N]
     byr = study.mean_curve([r["curve"] for r in rs], "rollouts")
     if len(byr["x"]):
       per_step = rs[0]["curve"][x][-1] / max(rs[0]["curve"]["rollouts"][-1], 1)
-      curves.append(dict(label=f"N={N}", rollouts=byr["x"], steps=byr["x"] * per_step,
-                         value=byr["mean"], lo=byr["lo"], hi=byr["hi"]))
-  plots.save(plots.learning_curves(curves, target=None, title=f"{title} (mean and range "
-                                   "over seeds)", step_label=step_label, logx=True),
-             out.path(f"{prefix}_curves.png"))
+      curves.append(
+          dict(
+              label=f"N={N}",
+              rollouts=byr["x"],
+              steps=byr["x"] * per_step,
+              value=byr["mean"],
+              lo=byr["lo"],
+              hi=byr["hi"],
+          )
+      )
+  plots.save(
+      plots.learning_curves(
+          curves,
+          target=None,
+          title=f"{title} (mean and range " "over seeds)",
+          step_label=step_label,
+          logx=True,
+      ),
+      out.path(f"{prefix}_curves.png"),
+  )

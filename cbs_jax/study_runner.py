@@ -13,6 +13,7 @@
 What the runs are turned into is ``cbs_jax.study``; tables and figures are
 ``cbs_jax.study_report``.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -25,32 +26,47 @@ from cbs_jax import study
 from cbs_jax import sweep
 from cbs_jax import train
 
-RESULTS = "experiments/results"       # results parent folder
+RESULTS = "experiments/results"  # results parent folder
 
 
-def parser(doc: str, name: str, root_help: str, on_root_help: str | None = None,
-           workers: bool = True, root: str | None = None,
-           quick_root: str | None = None) -> argparse.ArgumentParser:
+def parser(
+    doc: str,
+    name: str,
+    root_help: str,
+    on_root_help: str | None = None,
+    workers: bool = True,
+    root: str | None = None,
+    quick_root: str | None = None,
+) -> argparse.ArgumentParser:
   """The shared command line of a study script ``name``: --root (default
   ``runs/<name>``), --on_root when the study reads the on-policy sweep back
   (``on_root_help``; default runs/batch_law_on, where
   ``experiments/batch_law_on_policy.py`` puts it), --out, --workers (runs at
   once, each single-threaded on its own core) and --quick; add the study's
   own flags, then ``parse``."""
-  ap = argparse.ArgumentParser(description=doc,
-                               formatter_class=argparse.RawDescriptionHelpFormatter)
+  ap = argparse.ArgumentParser(
+      description=doc, formatter_class=argparse.RawDescriptionHelpFormatter
+  )
   quick_root = quick_root or f"runs_{name}"
-  ap.add_argument("--root", default=root or f"runs/{name}",
-                  help=f"{root_help} (--quick: <out>/{quick_root} unless given)")
+  ap.add_argument(
+      "--root",
+      default=root or f"runs/{name}",
+      help=f"{root_help} (--quick: <out>/{quick_root} unless given)",
+  )
   if on_root_help:
-    ap.add_argument("--on_root", default="runs/batch_law_on",
-                    help=f"{on_root_help} (--quick: <out>/runs_on unless given; its quick "
-                         "sweep is made there if missing)")
-  ap.add_argument("--out", default=RESULTS,
-                  help="results parent folder (--quick: a fresh temp folder)")
+    ap.add_argument(
+        "--on_root",
+        default="runs/batch_law_on",
+        help=f"{on_root_help} (--quick: <out>/runs_on unless given; its quick "
+        "sweep is made there if missing)",
+    )
+  ap.add_argument(
+      "--out", default=RESULTS, help="results parent folder (--quick: a fresh temp folder)"
+  )
   if workers:
-    ap.add_argument("--workers", type=int, default=2,
-                    help="runs at once, each single-threaded on its own core")
+    ap.add_argument(
+        "--workers", type=int, default=2, help="runs at once, each single-threaded on its own core"
+    )
   ap.add_argument("--quick", action="store_true", help="tiny smoke version (minutes)")
   ap.set_defaults(_quick_root=quick_root)
   return ap
@@ -104,8 +120,10 @@ def read_finished(overrides, root: str) -> list[dict]:
     with open(path) as f:
       rows.append(dict(name=name, overrides=o, workdir=wd, summary=json.load(f)))
   if missing:
-    raise ValueError(f"{len(missing)} of {len(overrides)} runs under {root} have not "
-                     f"finished (e.g. {missing[:3]}): run their study first")
+    raise ValueError(
+        f"{len(missing)} of {len(overrides)} runs under {root} have not "
+        f"finished (e.g. {missing[:3]}): run their study first"
+    )
   return rows
 
 

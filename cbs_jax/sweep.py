@@ -19,6 +19,7 @@ atomic rewrite (``paths.write_atomic``: tmp file + rename locally, one object
 upload under an object-store URI root), so an interruption at any moment
 loses no finished result and redoes no finished run.
 """
+
 from __future__ import annotations
 
 import copy
@@ -44,8 +45,9 @@ _UNSAFE = re.compile(r"[^A-Za-z0-9._=+-]")
 _MAX_NAME = 120
 
 
-def apply_overrides(base_config: ml_collections.ConfigDict,
-                    overrides: dict[str, Any]) -> ml_collections.ConfigDict:
+def apply_overrides(
+    base_config: ml_collections.ConfigDict, overrides: dict[str, Any]
+) -> ml_collections.ConfigDict:
   """A copy of ``base_config`` with ``overrides`` (dotted field -> value) set.
 
   Unknown fields are a ValueError naming them; a value of the wrong type is
@@ -87,10 +89,10 @@ def run_name(overrides: dict[str, Any]) -> str:
 
 
 def _check_name(name: str) -> None:
-  if (not isinstance(name, str) or not name or name in (".", "..")
-      or _UNSAFE.search(name)):
-    raise ValueError(f"sweep run name {name!r} is not a filesystem-safe name "
-                     "(letters, digits and ._=+- only)")
+  if not isinstance(name, str) or not name or name in (".", "..") or _UNSAFE.search(name):
+    raise ValueError(
+        f"sweep run name {name!r} is not a filesystem-safe name " "(letters, digits and ._=+- only)"
+    )
 
 
 def _as_json(config: ml_collections.ConfigDict) -> dict:
@@ -141,8 +143,9 @@ def _store_result(root: str, row: dict) -> None:
       break
   else:
     rows.append(row)
-  paths.write_atomic(paths.join(root, RESULTS),
-                "".join(json.dumps(r, default=float) + "\n" for r in rows))
+  paths.write_atomic(
+      paths.join(root, RESULTS), "".join(json.dumps(r, default=float) + "\n" for r in rows)
+  )
 
 
 def _prepare_run(root, name, config) -> tuple[str, dict, bool]:
@@ -157,20 +160,29 @@ def _prepare_run(root, name, config) -> tuple[str, dict, bool]:
     fa, fb, fd = _flatten(have), _flatten(want), _flatten(_as_json(config_lib.base_config()))
     # a field the code gained after this run was stored, left at its default,
     # does not make the run another run; nor does a retired derived field
-    diff = [k for k in config_diff(have, want)
-            if not (k not in fa and k in fd and fb.get(k) == fd[k])
-            and not (k in RETIRED and k not in fb)]
+    diff = [
+        k
+        for k in config_diff(have, want)
+        if not (k not in fa and k in fd and fb.get(k) == fd[k])
+        and not (k in RETIRED and k not in fb)
+    ]
     if diff:
       detail = ", ".join(f"{k}: stored {fa.get(k)!r} vs now {fb.get(k)!r}" for k in diff)
       raise ValueError(
           f"sweep run {name!r} in {workdir} was made with a different config "
-          f"({detail}); give this run another name or root")
+          f"({detail}); give this run another name or root"
+      )
     return workdir, want, True
-  leftovers = [f for f in paths.listdir(workdir) if not f.startswith("config.json.tmp")] \
-      if paths.isdir(workdir) else []
+  leftovers = (
+      [f for f in paths.listdir(workdir) if not f.startswith("config.json.tmp")]
+      if paths.isdir(workdir)
+      else []
+  )
   if leftovers:
-    raise ValueError(f"{workdir} is not empty but holds no config.json: it is not a "
-                     f"run of this sweep; give run {name!r} another name or root")
+    raise ValueError(
+        f"{workdir} is not empty but holds no config.json: it is not a "
+        f"run of this sweep; give run {name!r} another name or root"
+    )
   return workdir, want, False
 
 
@@ -178,9 +190,10 @@ def _pin_worker(cores) -> None:
   """Process-pool initializer: take one core from ``cores`` (a shared queue)
   and make XLA single-threaded on it, before this process builds a backend."""
   core = cores.get()
-  os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
-                             " --xla_cpu_multi_thread_eigen=false"
-                             " intra_op_parallelism_threads=1").strip()
+  os.environ["XLA_FLAGS"] = (
+      os.environ.get("XLA_FLAGS", "") + " --xla_cpu_multi_thread_eigen=false"
+      " intra_op_parallelism_threads=1"
+  ).strip()
   if hasattr(os, "sched_setaffinity") and core is not None:
     os.sched_setaffinity(0, {core})
 
@@ -189,12 +202,15 @@ def _worker_run(run_fn, config, workdir):
   return run_fn(config, workdir)
 
 
-def run_sweep(base_config: ml_collections.ConfigDict,
-              overrides: Sequence[dict[str, Any]],
-              root: str,
-              names: Sequence[str] | None = None,
-              run_fn: Callable[[ml_collections.ConfigDict, str], dict] = train.train_and_evaluate,
-              progress: bool = True, workers: int = 1) -> list[dict]:
+def run_sweep(
+    base_config: ml_collections.ConfigDict,
+    overrides: Sequence[dict[str, Any]],
+    root: str,
+    names: Sequence[str] | None = None,
+    run_fn: Callable[[ml_collections.ConfigDict, str], dict] = train.train_and_evaluate,
+    progress: bool = True,
+    workers: int = 1,
+) -> list[dict]:
   """Run (or finish) every run of a sweep; returns the rows in sweep order.
 
   ``overrides[i]`` (dotted field -> value) applied to ``base_config`` gives
@@ -241,16 +257,18 @@ def run_sweep(base_config: ml_collections.ConfigDict,
   for i, ((name, over, config), (workdir, cfg_json, stored)) in enumerate(zip(runs, prepared)):
     if not stored:
       paths.makedirs(workdir)
-      paths.write_atomic(paths.join(workdir, "config.json"),
-                    json.dumps(cfg_json, indent=2, sort_keys=True))
+      paths.write_atomic(
+          paths.join(workdir, "config.json"), json.dumps(cfg_json, indent=2, sort_keys=True)
+      )
     summary = _read_json(paths.join(workdir, "summary.json")) if stored else None
     if summary is None:  # never finished (or its summary was torn): (re)run, resuming
       todo.append(i)
     else:
       rows[i] = dict(name=name, overrides=over, workdir=workdir, summary=summary)
       _store_result(root, rows[i])
-  bar = tqdm.tqdm(total=len(runs), initial=len(runs) - len(todo), desc="sweep",
-                  disable=not progress)
+  bar = tqdm.tqdm(
+      total=len(runs), initial=len(runs) - len(todo), desc="sweep", disable=not progress
+  )
 
   def finish(i, summary):
     name, over, _ = runs[i]
@@ -265,16 +283,16 @@ def run_sweep(base_config: ml_collections.ConfigDict,
   else:
     import concurrent.futures  # pylint: disable=import-outside-toplevel
     import multiprocessing  # pylint: disable=import-outside-toplevel
+
     ctx = multiprocessing.get_context("spawn")
     cores = ctx.Queue()
     avail = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
     for w in range(workers):
       cores.put(avail[w % len(avail)] if avail else None)
     with concurrent.futures.ProcessPoolExecutor(
-        max_workers=workers, mp_context=ctx, initializer=_pin_worker,
-        initargs=(cores,)) as pool:
-      futures = {pool.submit(_worker_run, run_fn, runs[i][2], prepared[i][0]): i
-                 for i in todo}
+        max_workers=workers, mp_context=ctx, initializer=_pin_worker, initargs=(cores,)
+    ) as pool:
+      futures = {pool.submit(_worker_run, run_fn, runs[i][2], prepared[i][0]): i for i in todo}
       try:
         for fut in concurrent.futures.as_completed(futures):
           finish(futures[fut], fut.result())
@@ -302,6 +320,7 @@ def main(argv):
   del argv
   from absl import flags
   from absl import logging
+
   if not flags.FLAGS["verbosity"].present:
     logging.set_verbosity(logging.WARNING)
   try:
@@ -311,8 +330,12 @@ def main(argv):
   rows = run_sweep(_CONFIG.value, grid(spec), _WORKDIR.value, workers=_WORKERS.value)
   for row in rows:
     s = row["summary"] or {}
-    print(json.dumps({"name": row["name"]} | {
-        k: v for k, v in s.items() if not isinstance(v, dict)}, default=float))
+    print(
+        json.dumps(
+            {"name": row["name"]} | {k: v for k, v in s.items() if not isinstance(v, dict)},
+            default=float,
+        )
+    )
 
 
 if __name__ == "__main__":
@@ -320,12 +343,17 @@ if __name__ == "__main__":
   from absl import flags
   from ml_collections import config_flags
 
-  _CONFIG = config_flags.DEFINE_config_file("config", None, "Base config file (get_config).",
-                                            lock_config=True)
+  _CONFIG = config_flags.DEFINE_config_file(
+      "config", None, "Base config file (get_config).", lock_config=True
+  )
   _WORKDIR = flags.DEFINE_string("workdir", None, "Sweep root: one subdirectory per run.")
-  _SWEEP = flags.DEFINE_string("sweep", "{}", 'JSON {"dotted.field": [values], ...}; '
-                               "the grid is their cartesian product.")
-  _WORKERS = flags.DEFINE_integer("workers", 1, "Runs at once, each single-threaded on "
-                                  "its own core (1 = one run at a time, all cores).")
+  _SWEEP = flags.DEFINE_string(
+      "sweep", "{}", 'JSON {"dotted.field": [values], ...}; ' "the grid is their cartesian product."
+  )
+  _WORKERS = flags.DEFINE_integer(
+      "workers",
+      1,
+      "Runs at once, each single-threaded on " "its own core (1 = one run at a time, all cores).",
+  )
   flags.mark_flags_as_required(["config", "workdir"])
   app.run(main)

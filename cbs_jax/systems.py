@@ -84,6 +84,7 @@ every name, "cpu" included), and every function here also takes an
 ``Accelerator``. ``generation_roofline`` is the bound for one
 ``sampling.generate`` call: prefill + decode of ``batch`` sequences.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -93,7 +94,7 @@ from typing import Any, Mapping
 import numpy as np
 
 GB = 1e9
-GIB = 2 ** 30
+GIB = 2**30
 TERA = 1e12
 
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
@@ -113,6 +114,7 @@ class Accelerator:
       weight and per KV entry.
     source: where the numbers come from.
   """
+
   name: str
   peak_flops: float
   hbm_bandwidth: float
@@ -124,11 +126,13 @@ class Accelerator:
     for field in ("peak_flops", "hbm_bandwidth", "memory_bytes"):
       v = getattr(self, field)
       if not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
-        raise ValueError(f"Accelerator {self.name!r}: {field} must be a positive finite "
-                         f"number, got {v!r}")
+        raise ValueError(
+            f"Accelerator {self.name!r}: {field} must be a positive finite " f"number, got {v!r}"
+        )
     if self.dtype not in DTYPE_BYTES:
-      raise ValueError(f"Accelerator {self.name!r}: dtype={self.dtype!r} not in "
-                       f"{sorted(DTYPE_BYTES)}")
+      raise ValueError(
+          f"Accelerator {self.name!r}: dtype={self.dtype!r} not in " f"{sorted(DTYPE_BYTES)}"
+      )
 
   @property
   def dtype_bytes(self) -> int:
@@ -145,26 +149,29 @@ class Accelerator:
 ACCELERATORS: dict[str, Accelerator] = {
     # Google Cloud TPU docs, "TPU v4" (cloud.google.com/tpu/docs/v4): 275 TFLOPs
     # bf16 peak per chip, 32 GiB HBM2, 1200 GB/s.
-    "tpu_v4": Accelerator("tpu_v4", 275 * TERA, 1200 * GB, 32 * GIB,
-                          source="cloud.google.com/tpu/docs/v4"),
+    "tpu_v4": Accelerator(
+        "tpu_v4", 275 * TERA, 1200 * GB, 32 * GIB, source="cloud.google.com/tpu/docs/v4"
+    ),
     # Google Cloud TPU docs, "TPU v5e" (cloud.google.com/tpu/docs/v5e): 197
     # TFLOPs bf16 per chip, 16 GiB HBM2, 819 GB/s.
-    "tpu_v5e": Accelerator("tpu_v5e", 197 * TERA, 819 * GB, 16 * GIB,
-                           source="cloud.google.com/tpu/docs/v5e"),
+    "tpu_v5e": Accelerator(
+        "tpu_v5e", 197 * TERA, 819 * GB, 16 * GIB, source="cloud.google.com/tpu/docs/v5e"
+    ),
     # Google Cloud TPU docs, "TPU v5p" (cloud.google.com/tpu/docs/v5p): 459
     # TFLOPs bf16 per chip, 95 GiB HBM2e, 2765 GB/s.
-    "tpu_v5p": Accelerator("tpu_v5p", 459 * TERA, 2765 * GB, 95 * GIB,
-                           source="cloud.google.com/tpu/docs/v5p"),
+    "tpu_v5p": Accelerator(
+        "tpu_v5p", 459 * TERA, 2765 * GB, 95 * GIB, source="cloud.google.com/tpu/docs/v5p"
+    ),
     # NVIDIA H100 Tensor Core GPU datasheet, SXM form factor
     # (nvidia.com/en-us/data-center/h100): BF16 1,979 TFLOPS *with sparsity*,
     # i.e. 989 dense; 80 GB HBM3; 3.35 TB/s.
-    "h100_sxm": Accelerator("h100_sxm", 989 * TERA, 3.35e12, 80 * GB,
-                            source="NVIDIA H100 datasheet (SXM)"),
+    "h100_sxm": Accelerator(
+        "h100_sxm", 989 * TERA, 3.35e12, 80 * GB, source="NVIDIA H100 datasheet (SXM)"
+    ),
     # NVIDIA H200 Tensor Core GPU datasheet (nvidia.com/en-us/data-center/h200):
     # BF16 1,979 TFLOPS with sparsity (989 dense, the H100's compute), 141 GB
     # HBM3e, 4.8 TB/s.
-    "h200": Accelerator("h200", 989 * TERA, 4.8e12, 141 * GB,
-                        source="NVIDIA H200 datasheet (SXM)"),
+    "h200": Accelerator("h200", 989 * TERA, 4.8e12, 141 * GB, source="NVIDIA H200 datasheet (SXM)"),
 }
 # names measured on this machine (``probes.accelerator``) rather than read from the table
 CALIBRATED = ("cpu",)
@@ -189,8 +196,10 @@ def get_accelerator(name: str) -> Accelerator:
   if key in ACCELERATORS:
     return ACCELERATORS[key]
   if key in CALIBRATED:
-    raise ValueError(f"accelerator {name!r} is measured on this machine, not read from the "
-                     "table: resolve it with cbs_jax.probes.accelerator")
+    raise ValueError(
+        f"accelerator {name!r} is measured on this machine, not read from the "
+        "table: resolve it with cbs_jax.probes.accelerator"
+    )
   raise ValueError(f"unknown accelerator {name!r}; known: {', '.join(known_accelerators())}")
 
 
@@ -207,16 +216,18 @@ def _check_parallel(parallel: str) -> None:
 
 # ------------------------------------------------------------------ model dims
 
+
 @dataclasses.dataclass(frozen=True)
 class ModelDims:
   """The shape numbers the roofline needs (fields of ``model.default_config``)."""
+
   vocab_size: int
   d_model: int
   num_layers: int
   num_heads: int
   num_kv_heads: int
   d_ff: int
-  head_dim: int = 0          # 0 = d_model // num_heads
+  head_dim: int = 0  # 0 = d_model // num_heads
   tie_embeddings: bool = False
   qkv_bias: bool = False
   qk_norm: bool = False
@@ -228,12 +239,16 @@ class ModelDims:
       if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v <= 0:
         raise ValueError(f"model dims: {name} must be a positive integer, got {v!r}")
     if self.head_dim < 0 or (not self.head_dim and self.d_model % self.num_heads):
-      raise ValueError(f"model dims: head_dim={self.head_dim} with d_model={self.d_model}, "
-                       f"num_heads={self.num_heads}: give head_dim > 0 or heads dividing "
-                       "d_model")
+      raise ValueError(
+          f"model dims: head_dim={self.head_dim} with d_model={self.d_model}, "
+          f"num_heads={self.num_heads}: give head_dim > 0 or heads dividing "
+          "d_model"
+      )
     if self.num_heads % self.num_kv_heads:
-      raise ValueError(f"model dims: num_kv_heads={self.num_kv_heads} does not divide "
-                       f"num_heads={self.num_heads}")
+      raise ValueError(
+          f"model dims: num_kv_heads={self.num_kv_heads} does not divide "
+          f"num_heads={self.num_heads}"
+      )
 
   @classmethod
   def from_config(cls, cfg: Any) -> "ModelDims":
@@ -241,12 +256,17 @@ class ModelDims:
     if isinstance(cfg, ModelDims):
       return cfg
     get = cfg.get if hasattr(cfg, "get") else (lambda k, d=None: getattr(cfg, k, d))
-    missing = [k for k in ("vocab_size", "d_model", "num_layers", "num_heads",
-                           "num_kv_heads", "d_ff") if get(k, None) is None]
+    missing = [
+        k
+        for k in ("vocab_size", "d_model", "num_layers", "num_heads", "num_kv_heads", "d_ff")
+        if get(k, None) is None
+    ]
     if missing:
-      raise ValueError(f"model config lacks {missing}; a cbs_jax model config "
-                       "(model.default_config) has vocab_size, d_model, num_layers, "
-                       "num_heads, num_kv_heads, d_ff")
+      raise ValueError(
+          f"model config lacks {missing}; a cbs_jax model config "
+          "(model.default_config) has vocab_size, d_model, num_layers, "
+          "num_heads, num_kv_heads, d_ff"
+      )
     kw = {f.name: get(f.name, f.default) for f in dataclasses.fields(cls)}
     kw["head_dim"] = kw["head_dim"] or 0
     return cls(**kw)
@@ -314,13 +334,15 @@ def as_dims(model: Any = None, **explicit) -> ModelDims:
 
 # --------------------------------------------------------------------- costs
 
+
 @dataclasses.dataclass(frozen=True)
 class StepCost:
   """Roofline cost of one step (all chips together)."""
-  flops: float           # FLOP
-  bytes: float           # bytes moved to/from HBM
-  compute_s: float       # flops / (chips * peak)
-  memory_s: float        # bytes / (chips * bandwidth)
+
+  flops: float  # FLOP
+  bytes: float  # bytes moved to/from HBM
+  compute_s: float  # flops / (chips * peak)
+  memory_s: float  # bytes / (chips * bandwidth)
 
   @property
   def seconds(self) -> float:
@@ -341,20 +363,29 @@ def _resolve(acc, chips, parallel, weight_bytes, kv_bytes):
   return acc, chips, replicas, wb, kb
 
 
-def decode_step(model: Any, accelerator: Any, batch: float, context: float,
-                chips: int = 1, parallel: str = "data", weight_bytes: float | None = None,
-                kv_bytes: float | None = None) -> StepCost:
+def decode_step(
+    model: Any,
+    accelerator: Any,
+    batch: float,
+    context: float,
+    chips: int = 1,
+    parallel: str = "data",
+    weight_bytes: float | None = None,
+    kv_bytes: float | None = None,
+) -> StepCost:
   """One decode step: ``batch`` sequences each add a token attending
   ``context`` positions (module docstring for the formulas)."""
   dims = ModelDims.from_config(model)
   acc, chips, R, wb, kb = _resolve(accelerator, chips, parallel, weight_bytes, kv_bytes)
   if not batch > 0 or not context >= 0:
-    raise ValueError(f"decode_step needs batch > 0 and context >= 0, got batch={batch}, "
-                     f"context={context}")
+    raise ValueError(
+        f"decode_step needs batch > 0 and context >= 0, got batch={batch}, " f"context={context}"
+    )
   flops = dims.forward_flops(batch, context)
   nbytes = R * dims.active_params * wb + batch * context * dims.kv_bytes_per_token(kb)
-  return StepCost(flops, nbytes, flops / (chips * acc.peak_flops),
-                  nbytes / (chips * acc.hbm_bandwidth))
+  return StepCost(
+      flops, nbytes, flops / (chips * acc.peak_flops), nbytes / (chips * acc.hbm_bandwidth)
+  )
 
 
 def decode_tokens_per_s(model, accelerator, batch, context, **kw) -> float:
@@ -362,25 +393,38 @@ def decode_tokens_per_s(model, accelerator, batch, context, **kw) -> float:
   return batch / decode_step(model, accelerator, batch, context, **kw).seconds
 
 
-def crossover_batch(model: Any, accelerator: Any, context: float, chips: int = 1,
-                    parallel: str = "data", weight_bytes: float | None = None,
-                    kv_bytes: float | None = None) -> float:
+def crossover_batch(
+    model: Any,
+    accelerator: Any,
+    context: float,
+    chips: int = 1,
+    parallel: str = "data",
+    weight_bytes: float | None = None,
+    kv_bytes: float | None = None,
+) -> float:
   """Batch (all chips) above which a decode step at ``context`` is
   compute-bound: b* = (R A w / BW) / ((2A + 4 L d_attn c)/peak - c kv_tok / BW),
   peak and BW summed over chips; inf if memory-bound at every batch."""
   dims = ModelDims.from_config(model)
   acc, chips, R, wb, kb = _resolve(accelerator, chips, parallel, weight_bytes, kv_bytes)
   peak, bw = chips * acc.peak_flops, chips * acc.hbm_bandwidth
-  per_seq = ((2.0 * dims.active_params + 4.0 * dims.num_layers * dims.d_attn * context) / peak
-             - context * dims.kv_bytes_per_token(kb) / bw)
+  per_seq = (
+      2.0 * dims.active_params + 4.0 * dims.num_layers * dims.d_attn * context
+  ) / peak - context * dims.kv_bytes_per_token(kb) / bw
   if per_seq <= 0:
     return math.inf
   return (R * dims.active_params * wb / bw) / per_seq
 
 
-def max_decode_batch(model: Any, accelerator: Any, seq_len: int, chips: int = 1,
-                     parallel: str = "data", weight_bytes: float | None = None,
-                     kv_bytes: float | None = None) -> int:
+def max_decode_batch(
+    model: Any,
+    accelerator: Any,
+    seq_len: int,
+    chips: int = 1,
+    parallel: str = "data",
+    weight_bytes: float | None = None,
+    kv_bytes: float | None = None,
+) -> int:
   """Most sequences of ``seq_len`` cached tokens whose KV cache fits beside
   the weights (data: per-chip memory, a replica per chip; model: pooled)."""
   dims = ModelDims.from_config(model)
@@ -389,11 +433,16 @@ def max_decode_batch(model: Any, accelerator: Any, seq_len: int, chips: int = 1,
   weights = R * dims.param_count * wb
   free = mem - weights
   if free <= 0:
-    raise ValueError(f"the weights ({dims.param_count} params x {wb} bytes = "
-                     f"{dims.param_count * wb / GB:.3g} GB per replica) do not fit in "
-                     f"{acc.name}'s {acc.memory_bytes / GB:.3g} GB"
-                     + (" per chip (parallel='data'); try parallel='model'"
-                        if parallel == "data" else f" x {chips} chips"))
+    raise ValueError(
+        f"the weights ({dims.param_count} params x {wb} bytes = "
+        f"{dims.param_count * wb / GB:.3g} GB per replica) do not fit in "
+        f"{acc.name}'s {acc.memory_bytes / GB:.3g} GB"
+        + (
+            " per chip (parallel='data'); try parallel='model'"
+            if parallel == "data"
+            else f" x {chips} chips"
+        )
+    )
   per_seq = seq_len * dims.kv_bytes_per_token(kb)
   if parallel == "data":  # whole sequences per chip
     return chips * int((acc.memory_bytes - dims.param_count * wb) // per_seq)
@@ -403,16 +452,17 @@ def max_decode_batch(model: Any, accelerator: Any, seq_len: int, chips: int = 1,
 @dataclasses.dataclass(frozen=True)
 class RoundCost:
   """Predicted time of one RL round of ``n`` rollouts (seconds)."""
+
   n: int
   prefill_s: float
   decode_s: float
   train_s: float
-  waves: int                 # sequential decode waves (KV-cache memory)
+  waves: int  # sequential decode waves (KV-cache memory)
   decode_compute_steps: int  # decode steps (of one wave) that are compute-bound
-  decode_steps: int          # decode forward steps per wave (Tc - 1)
+  decode_steps: int  # decode forward steps per wave (Tc - 1)
   train_flops: float
   gen_flops: float
-  gen_bytes: float = 0.0     # bytes moved by prefill + decode (all waves)
+  gen_bytes: float = 0.0  # bytes moved by prefill + decode (all waves)
 
   @property
   def gen_s(self) -> float:
@@ -432,8 +482,14 @@ class RoundCost:
     return d
 
 
-def train_flops(model: Any, n: int, prompt_len: int, completion_len: int,
-                epochs: int = 1, extra_forwards: int = 0) -> float:
+def train_flops(
+    model: Any,
+    n: int,
+    prompt_len: int,
+    completion_len: int,
+    epochs: int = 1,
+    extra_forwards: int = 0,
+) -> float:
   """FLOPs of a round's updates: (3 epochs + extra_forwards) * N * causal
   forward over T = Tp + Tc (= 6 A N T + attention at one epoch)."""
   dims = ModelDims.from_config(model)
@@ -441,16 +497,31 @@ def train_flops(model: Any, n: int, prompt_len: int, completion_len: int,
   return (3.0 * epochs + extra_forwards) * n * fwd
 
 
-def round_time(model: Any, accelerator: Any, n: int, prompt_len: int, completion_len: int,
-               chips: int = 1, parallel: str = "data", mfu: float = 1.0, epochs: int = 1,
-               extra_forwards: int = 0, weight_bytes: float | None = None,
-               kv_bytes: float | None = None, full_cache: bool = False) -> RoundCost:
+def round_time(
+    model: Any,
+    accelerator: Any,
+    n: int,
+    prompt_len: int,
+    completion_len: int,
+    chips: int = 1,
+    parallel: str = "data",
+    mfu: float = 1.0,
+    epochs: int = 1,
+    extra_forwards: int = 0,
+    weight_bytes: float | None = None,
+    kv_bytes: float | None = None,
+    full_cache: bool = False,
+) -> RoundCost:
   """Roofline time of one round of ``n`` rollouts (module docstring)."""
   dims = ModelDims.from_config(model)
   acc, chips, R, wb, kb = _resolve(accelerator, chips, parallel, weight_bytes, kv_bytes)
-  for name, v, lo in (("n", n, 1), ("prompt_len", prompt_len, 1),
-                      ("completion_len", completion_len, 1), ("epochs", epochs, 1),
-                      ("extra_forwards", extra_forwards, 0)):
+  for name, v, lo in (
+      ("n", n, 1),
+      ("prompt_len", prompt_len, 1),
+      ("completion_len", completion_len, 1),
+      ("epochs", epochs, 1),
+      ("extra_forwards", extra_forwards, 0),
+  ):
     if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < lo:
       raise ValueError(f"round_time: {name} must be an integer >= {lo}, got {v!r}")
   if not 0 < mfu <= 1:
@@ -462,13 +533,15 @@ def round_time(model: Any, accelerator: Any, n: int, prompt_len: int, completion
 
   bmax = max_decode_batch(dims, acc, Tp + Tc, chips, parallel, wb, kb)
   if bmax < 1:
-    raise ValueError(f"no sequence of {Tp + Tc} tokens fits beside the weights on "
-                     f"{chips} x {acc.name}")
+    raise ValueError(
+        f"no sequence of {Tp + Tc} tokens fits beside the weights on " f"{chips} x {acc.name}"
+    )
   waves = -(-n // bmax)
   b = n / waves
 
-  pf_flops = b * (2.0 * dims.active_params * Tp
-                  + 2.0 * dims.num_layers * dims.d_attn * Tp * (Tp + 1))
+  pf_flops = b * (
+      2.0 * dims.active_params * Tp + 2.0 * dims.num_layers * dims.d_attn * Tp * (Tp + 1)
+  )
   pf_bytes = wbytes + b * Tp * kv_tok
   prefill = max(pf_flops / peak, pf_bytes / bw)
 
@@ -480,11 +553,18 @@ def round_time(model: Any, accelerator: Any, n: int, prompt_len: int, completion
   decode = float(np.maximum(comp, memt).sum())
 
   tf = train_flops(dims, n, Tp, Tc, epochs, extra_forwards)
-  return RoundCost(n=int(n), prefill_s=waves * prefill, decode_s=waves * decode,
-                   train_s=tf / (peak * mfu), waves=waves,
-                   decode_compute_steps=int((comp >= memt).sum()), decode_steps=steps,
-                   train_flops=tf, gen_flops=waves * (pf_flops + float(st_flops.sum())),
-                   gen_bytes=waves * (pf_bytes + float(st_bytes.sum())))
+  return RoundCost(
+      n=int(n),
+      prefill_s=waves * prefill,
+      decode_s=waves * decode,
+      train_s=tf / (peak * mfu),
+      waves=waves,
+      decode_compute_steps=int((comp >= memt).sum()),
+      decode_steps=steps,
+      train_flops=tf,
+      gen_flops=waves * (pf_flops + float(st_flops.sum())),
+      gen_bytes=waves * (pf_bytes + float(st_bytes.sum())),
+  )
 
 
 def rollouts_per_s(model, accelerator, n, prompt_len, completion_len, **kw) -> float:
@@ -493,19 +573,26 @@ def rollouts_per_s(model, accelerator, n, prompt_len, completion_len, **kw) -> f
 
 
 def describe(acc: Accelerator, chips: int = 1) -> str:
-  return (f"{chips} x {acc.name}: {acc.peak_flops / TERA:.4g} TFLOP/s {acc.dtype}, "
-          f"{acc.hbm_bandwidth / GB:.4g} GB/s, {acc.memory_bytes / GB:.4g} GB per chip "
-          f"(ridge {acc.ridge:.3g} FLOP/byte; {acc.source})")
+  return (
+      f"{chips} x {acc.name}: {acc.peak_flops / TERA:.4g} TFLOP/s {acc.dtype}, "
+      f"{acc.hbm_bandwidth / GB:.4g} GB/s, {acc.memory_bytes / GB:.4g} GB per chip "
+      f"(ridge {acc.ridge:.3g} FLOP/byte; {acc.source})"
+  )
 
 
 def dims_summary(dims: ModelDims) -> Mapping[str, Any]:
-  return dict(params=dims.param_count, active_params=dims.active_params,
-              d_attn=dims.d_attn, head_dim=dims.dh,
-              kv_bytes_per_token_bf16=dims.kv_bytes_per_token(2))
+  return dict(
+      params=dims.param_count,
+      active_params=dims.active_params,
+      d_attn=dims.d_attn,
+      head_dim=dims.dh,
+      kv_bytes_per_token_bf16=dims.kv_bytes_per_token(2),
+  )
 
 
-def generation_roofline(model: Any, accelerator: Any, batch: int, prompt_len: int,
-                        completion_len: int, **kw) -> dict:
+def generation_roofline(
+    model: Any, accelerator: Any, batch: int, prompt_len: int, completion_len: int, **kw
+) -> dict:
   """The roofline of one generation call (prefill + decode, ``round_time``'s
   generation part) of ``batch`` sequences: ``seconds``, ``tokens_per_s``
   (batch x completion_len generated tokens / seconds), ``flops_per_token``
@@ -514,9 +601,19 @@ def generation_roofline(model: Any, accelerator: Any, batch: int, prompt_len: in
   prefill), and ``bound`` ("compute" / "memory" / "mixed" over the steps)."""
   r = round_time(model, accelerator, batch, prompt_len, completion_len, **kw)
   tokens = batch * completion_len
-  bound = ("compute" if r.decode_compute_steps == r.decode_steps else
-           "memory" if r.decode_compute_steps == 0 else "mixed")
-  return dict(seconds=r.gen_s, tokens_per_s=tokens / r.gen_s,
-              flops_per_token=r.gen_flops / tokens,
-              bytes_per_step=r.gen_bytes / (r.waves * (1 + r.decode_steps)),
-              bound=bound, prefill_s=r.prefill_s, decode_s=r.decode_s)
+  bound = (
+      "compute"
+      if r.decode_compute_steps == r.decode_steps
+      else "memory"
+      if r.decode_compute_steps == 0
+      else "mixed"
+  )
+  return dict(
+      seconds=r.gen_s,
+      tokens_per_s=tokens / r.gen_s,
+      flops_per_token=r.gen_flops / tokens,
+      bytes_per_step=r.gen_bytes / (r.waves * (1 + r.decode_steps)),
+      bound=bound,
+      prefill_s=r.prefill_s,
+      decode_s=r.decode_s,
+  )

@@ -31,6 +31,7 @@ from (seed, round) alone, so a run resumed from a checkpoint repeats the
 uninterrupted run exactly. Every step is a public function, reused by
 ``measure``, ``sweep`` and the experiments.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -78,12 +79,15 @@ class NonFiniteError(FloatingPointError):
 def make_optimizer(oc, param_dtype: str = "float32") -> optax.GradientTransformation:
   """Adam(W) with the learning rate as an injected hyperparameter (set per update);
   for low-precision parameters, over a float32 master copy (precision.py)."""
+
   def make(learning_rate):
     parts = [optax.clip_by_global_norm(oc.grad_clip)] if oc.grad_clip else []
-    parts.append(optax.adamw(learning_rate, b1=oc.b1, b2=oc.b2, eps=oc.eps,
-                             weight_decay=oc.weight_decay))
+    parts.append(
+        optax.adamw(learning_rate, b1=oc.b1, b2=oc.b2, eps=oc.eps, weight_decay=oc.weight_decay)
+    )
     tx = optax.chain(*parts)
     return tx if param_dtype == "float32" else precision.master_weights(tx)
+
   return optax.inject_hyperparams(make)(learning_rate=oc.lr)
 
 
@@ -97,9 +101,19 @@ def sft_base(config, workdir: str, setup: run_setup.Setup):
 _score = jax.jit(scoring.score, static_argnums=(0, 6))
 
 
-def round_batch(config, graphdef, behaviour, ref_params, setup: run_setup.Setup, rnd: int,
-                P: int | None = None, mesh=None, *, seed: int | None = None,
-                with_ref: bool = True):
+def round_batch(
+    config,
+    graphdef,
+    behaviour,
+    ref_params,
+    setup: run_setup.Setup,
+    rnd: int,
+    P: int | None = None,
+    mesh=None,
+    *,
+    seed: int | None = None,
+    with_ref: bool = True,
+):
   """Generate, verify and score one round of P prompts (default
   ``config.batch.num_prompts``) x K rollouts from the ``behaviour`` params,
   sampled from ``setup.sampling``.
@@ -122,15 +136,19 @@ def round_batch(config, graphdef, behaviour, ref_params, setup: run_setup.Setup,
     out = _process_rollout(graphdef, behaviour, setup, problems, K, key, mesh)
     rewards = jax.device_put(out["rewards"], jax.NamedSharding(mesh, jax.P()))
   else:
-    out = rollouts.rollout(graphdef, behaviour, setup.task, setup.tok, problems, K, key,
-                           setup.layout, spec, mesh)
+    out = rollouts.rollout(
+        graphdef, behaviour, setup.task, setup.tok, problems, K, key, setup.layout, spec, mesh
+    )
     rewards = jnp.asarray(out["rewards"])
   mask = out["completion_mask"]
-  b = dict(prompt=out["prompt"], prompt_mask=out["prompt_mask"],
-           completion=out["completion"], completion_mask=mask,
-           logp_old=out["logp_old"])
-  score = lambda p: _score(graphdef, p, b["prompt"], b["prompt_mask"], b["completion"],
-                           mask, spec)
+  b = dict(
+      prompt=out["prompt"],
+      prompt_mask=out["prompt_mask"],
+      completion=out["completion"],
+      completion_mask=mask,
+      logp_old=out["logp_old"],
+  )
+  score = lambda p: _score(graphdef, p, b["prompt"], b["prompt_mask"], b["completion"], mask, spec)
   values = score(behaviour).values if setup.rl.advantage == "gae" else None
   b["adv"], b["returns"] = rl.token_advantages(setup.rl, rewards, mask, values)
   zeros = jnp.zeros_like(mask)
@@ -151,23 +169,35 @@ def _process_rollout(graphdef, params, setup: run_setup.Setup, problems, K, key,
   B = len(problems) * K
   lo, hi = sharding.process_rows(mesh, B)
   if lo % K or hi % K:
-    raise ValueError(f"process {jax.process_index()} holds rollouts [{lo}, {hi}) of {B}: "
-                     f"config.batch.rollouts_per_prompt={K} must divide each process's share "
-                     "(make config.batch.num_prompts a multiple of the process count)")
-  mine = problems[lo // K:hi // K]
+    raise ValueError(
+        f"process {jax.process_index()} holds rollouts [{lo}, {hi}) of {B}: "
+        f"config.batch.rollouts_per_prompt={K} must divide each process's share "
+        "(make config.batch.num_prompts a multiple of the process count)"
+    )
+  mine = problems[lo // K : hi // K]
   prompt, pmask = rollouts.encode_prompts(setup.tok, mine, setup.layout)
-  prompt, pmask = (sharding.global_batch(np.repeat(x, K, axis=0), mesh, B)
-                   for x in (prompt, pmask))
+  prompt, pmask = (sharding.global_batch(np.repeat(x, K, axis=0), mesh, B) for x in (prompt, pmask))
   sampler = sampling.make_sampler(  # jitted; its KV cache is sharded like the batch
-      graphdef, max_new_tokens=setup.layout.completion_len, eos_id=setup.tok.eos_id,
-      pad_id=setup.tok.pad_id, spec=setup.sampling)
+      graphdef,
+      max_new_tokens=setup.layout.completion_len,
+      eos_id=setup.tok.eos_id,
+      pad_id=setup.tok.pad_id,
+      spec=setup.sampling,
+  )
   out = sampler(params, prompt, pmask, key)
   texts = rollouts.decode(setup.tok, sharding.local_rows(out.tokens, mesh))
   local = rollouts.verify(setup.task, [p for p in mine for _ in range(K)], texts)
   rewards = sharding.host(sharding.global_batch(local, mesh, B)).reshape(-1, K)
-  return dict(prompt=prompt, prompt_mask=pmask, completion=out.tokens,
-              completion_mask=out.mask, logp_old=out.logprobs, lengths=out.lengths,
-              rewards=rewards, texts=texts)
+  return dict(
+      prompt=prompt,
+      prompt_mask=pmask,
+      completion=out.tokens,
+      completion_mask=out.mask,
+      logp_old=out.logprobs,
+      lengths=out.lengths,
+      rewards=rewards,
+      texts=texts,
+  )
 
 
 def probe_batch(config, graphdef, behaviour, setup: run_setup.Setup, rnd: int, mesh=None):
@@ -180,31 +210,63 @@ def probe_batch(config, graphdef, behaviour, setup: run_setup.Setup, rnd: int, m
   if not Q:
     return None
   # another stream of prompts and sampling keys; no KL reference (no loss reads it)
-  b, _, _ = round_batch(config, graphdef, behaviour, None, setup, rnd, Q, mesh,
-                        seed=config.seed + 7_919, with_ref=False)
-  b["logp_all_b"] = _score(graphdef, behaviour, b["prompt"], b["prompt_mask"],
-                           b["completion"], b["completion_mask"], setup.sampling).logits
+  b, _, _ = round_batch(
+      config,
+      graphdef,
+      behaviour,
+      None,
+      setup,
+      rnd,
+      Q,
+      mesh,
+      seed=config.seed + 7_919,
+      with_ref=False,
+  )
+  b["logp_all_b"] = _score(
+      graphdef,
+      behaviour,
+      b["prompt"],
+      b["prompt_mask"],
+      b["completion"],
+      b["completion_mask"],
+      setup.sampling,
+  ).logits
   return b
 
 
-def probe_drift(graphdef, params, probe, sampling_spec: scoring.SamplingSpec,
-                rl_spec: rl.RLSpec) -> dict:
+def probe_drift(
+    graphdef, params, probe, sampling_spec: scoring.SamplingSpec, rl_spec: rl.RLSpec
+) -> dict:
   """Drift of ``params`` from the behaviour policy on the probe's tokens:
   ``drift.drift_stats`` (k1/k3, ratios, clip fractions at ``rl_spec``'s clip
   range, ESS) plus ``kappa_exact``, the full-vocabulary KL(behaviour ||
   current) per token (log-probs of ``sampling_spec``, the behaviour's
   distribution)."""
-  cur = scoring.score(graphdef, params, probe["prompt"], probe["prompt_mask"],
-                      probe["completion"], probe["completion_mask"], sampling_spec)
+  cur = scoring.score(
+      graphdef,
+      params,
+      probe["prompt"],
+      probe["prompt_mask"],
+      probe["completion"],
+      probe["completion_mask"],
+      sampling_spec,
+  )
   mask = probe["completion_mask"]
-  st = drift.drift_stats(probe["logp_old"], cur.logprobs, mask, rl_spec.clip_eps_low,
-                         rl_spec.clip_eps_high, probe["adv"])
+  st = drift.drift_stats(
+      probe["logp_old"],
+      cur.logprobs,
+      mask,
+      rl_spec.clip_eps_low,
+      rl_spec.clip_eps_high,
+      probe["adv"],
+  )
   kl = drift.exact_kl(probe["logp_all_b"], cur.logits)
   st["kappa_exact"] = jnp.sum(kl * mask) / jnp.maximum(mask.sum(), 1.0)
   return {f"heldout_{k}": v for k, v in st.items()}
 
 
 # --------------------------------------------------------------------- updates
+
 
 class RoundUpdater:
   """Every optimizer update of one round as one jitted, donated call.
@@ -220,30 +282,63 @@ class RoundUpdater:
   combination of the static flags.
   """
 
-  def __init__(self, config, graphdef, tx, P_mb: int, sampling_spec: scoring.SamplingSpec,
-               rl_spec: rl.RLSpec, mesh=None):
+  def __init__(
+      self,
+      config,
+      graphdef,
+      tx,
+      P_mb: int,
+      sampling_spec: scoring.SamplingSpec,
+      rl_spec: rl.RLSpec,
+      mesh=None,
+  ):
     self.c, self.graphdef, self.tx, self.P_mb = config, graphdef, tx, P_mb
     self.sampling_spec, self.rl_spec = sampling_spec, rl_spec
     self.K = config.batch.rollouts_per_prompt
     self.mesh = mesh
     self._fns = {}
 
-  def __call__(self, state, batch, idx_UxB, lrs_U, on_policy_first, *, split=False,
-               exact=False, drift=False, probe=None):
+  def __call__(
+      self,
+      state,
+      batch,
+      idx_UxB,
+      lrs_U,
+      on_policy_first,
+      *,
+      split=False,
+      exact=False,
+      drift=False,
+      probe=None,
+  ):
     flags = (bool(split), bool(exact), bool(drift))
     if flags not in self._fns:
-      self._fns[flags] = jax.jit(functools.partial(
-          self._round, split=flags[0], exact=flags[1], drift=flags[2]), donate_argnums=(0,))
-    return self._fns[flags](state, batch, jnp.asarray(idx_UxB, jnp.int32),
-                            jnp.asarray(lrs_U, jnp.float32), jnp.asarray(on_policy_first),
-                            probe)
+      self._fns[flags] = jax.jit(
+          functools.partial(self._round, split=flags[0], exact=flags[1], drift=flags[2]),
+          donate_argnums=(0,),
+      )
+    return self._fns[flags](
+        state,
+        batch,
+        jnp.asarray(idx_UxB, jnp.int32),
+        jnp.asarray(lrs_U, jnp.float32),
+        jnp.asarray(on_policy_first),
+        probe,
+    )
 
   def _exact_moments(self, params, mb):
     c = self.c
-    return gradstats.group_moments(precision.float32(params), self.graphdef, mb, self.P_mb,
-                                   self.K, self.rl_spec, self.sampling_spec,
-                                   c.noise.chunk_prompts,
-                                   method=c.noise.exact_method)
+    return gradstats.group_moments(
+        precision.float32(params),
+        self.graphdef,
+        mb,
+        self.P_mb,
+        self.K,
+        self.rl_spec,
+        self.sampling_spec,
+        c.noise.chunk_prompts,
+        method=c.noise.exact_method,
+    )
 
   def _drift_estimates(self, moments):
     return noise.exact_estimates(gradstats.sum_leaves(moments))
@@ -254,8 +349,7 @@ class RoundUpdater:
       return x
     return jax.lax.with_sharding_constraint(x, sharding.batch_sharding(self.mesh, x.shape[0]))
 
-  def _round(self, state, batch, idx_UxB, lrs_U, on_policy_first, probe, *, split, exact,
-             drift):
+  def _round(self, state, batch, idx_UxB, lrs_U, on_policy_first, probe, *, split, exact, drift):
     B_mb = idx_UxB.shape[1]
     mbs = jax.tree.map(lambda x: x[idx_UxB], batch)  # leaves [U, B_mb, ...]
     take = lambda j: {k: self._place(v[j]) for k, v in mbs.items()}
@@ -267,9 +361,11 @@ class RoundUpdater:
         extras["exact"] = moments
       if drift:
         d0 = self._drift_estimates(moments)
-    held = lambda params: ({} if probe is None else
-                           probe_drift(self.graphdef, params, probe, self.sampling_spec,
-                                       self.rl_spec))
+    held = lambda params: (
+        {}
+        if probe is None
+        else probe_drift(self.graphdef, params, probe, self.sampling_spec, self.rl_spec)
+    )
     h0 = held(state["params"])
     state, m0, sm = self._update(state, first, lrs_U[0], split=split)
     m0.update(h0)
@@ -283,8 +379,7 @@ class RoundUpdater:
 
       def body(state, xs):
         mb, lr = xs
-        mb = dict({k: self._place(v) for k, v in mb.items()},
-                  on_policy=jnp.zeros((B_mb,), bool))
+        mb = dict({k: self._place(v) for k, v in mb.items()}, on_policy=jnp.zeros((B_mb,), bool))
         d = self._drift_estimates(self._exact_moments(state["params"], mb)) if drift else {}
         h = held(state["params"])
         state, m, _ = self._update(state, mb, lr, split=False)
@@ -309,14 +404,15 @@ class RoundUpdater:
     if split:  # raw, and in Adam's metric (before this update) once Adam has one
       metric = gradstats.adam_metric(opt_state, c.optim.b2, c.optim.eps)
       loss, grads, aux, moments = gradstats.split_grads(
-          gparams, graphdef, mb, self.P_mb, self.K, self.rl_spec, self.sampling_spec,
-          metric=metric)
+          gparams, graphdef, mb, self.P_mb, self.K, self.rl_spec, self.sampling_spec, metric=metric
+      )
       if metric is None:
         moments = (moments, None)
     else:
       counts = objective.counts_of(mb)
       (loss, aux), grads = jax.value_and_grad(objective.batch_loss, has_aux=True)(
-          gparams, graphdef, mb, counts, self.rl_spec, self.sampling_spec)
+          gparams, graphdef, mb, counts, self.rl_spec, self.sampling_spec
+      )
     gnorm = optax.tree.norm(grads)
     opt_state.hyperparams["learning_rate"] = lr
     updates, new_opt = self.tx.update(grads, opt_state, params)
@@ -330,16 +426,31 @@ class RoundUpdater:
     # sampler vs trainer log-probs of the same tokens at the same parameters
     # (meaningful on on-policy updates only): a health check of the layout.
     gap = jnp.max(jnp.abs(aux["logp"] - mb["logp_old"]) * mask)
-    m = dict(loss=loss, grad_norm=gnorm, update_norm=unorm, finite=finite, lr=lr,
-             grad_clipped=(gnorm > c.optim.grad_clip) if c.optim.grad_clip else False,
-             entropy=jnp.sum(aux["entropy"]) / ntok,
-             sampler_logp_gap=jnp.where(mb["on_policy"][0], gap, jnp.nan))
-    m.update(drift.drift_stats(aux["logp_old"], aux["logp"], mask, self.rl_spec.clip_eps_low,
-                               self.rl_spec.clip_eps_high, mb["adv"]))
+    m = dict(
+        loss=loss,
+        grad_norm=gnorm,
+        update_norm=unorm,
+        finite=finite,
+        lr=lr,
+        grad_clipped=(gnorm > c.optim.grad_clip) if c.optim.grad_clip else False,
+        entropy=jnp.sum(aux["entropy"]) / ntok,
+        sampler_logp_gap=jnp.where(mb["on_policy"][0], gap, jnp.nan),
+    )
+    m.update(
+        drift.drift_stats(
+            aux["logp_old"],
+            aux["logp"],
+            mask,
+            self.rl_spec.clip_eps_low,
+            self.rl_spec.clip_eps_high,
+            mb["adv"],
+        )
+    )
     return state, m, moments
 
 
 # ------------------------------------------------------------------------ run
+
 
 @dataclasses.dataclass
 class Trainer:
@@ -347,6 +458,7 @@ class Trainer:
   ``run_state.RunState``): config and setup, mesh, the model's graph and its
   frozen SFT base, the optimizer, the checkpoint manager, the metrics writer
   and the compiled update functions, one set per prompts-per-update bucket."""
+
   config: Any
   workdir: str
   setup: run_setup.Setup
@@ -363,8 +475,9 @@ class Trainer:
 
   def updater(self, P_mb: int) -> RoundUpdater:
     if P_mb not in self.updaters:
-      self.updaters[P_mb] = RoundUpdater(self.config, self.graphdef, self.tx, P_mb,
-                                         self.setup.sampling, self.setup.rl, self.mesh)
+      self.updaters[P_mb] = RoundUpdater(
+          self.config, self.graphdef, self.tx, P_mb, self.setup.sampling, self.setup.rl, self.mesh
+      )
     return self.updaters[P_mb]
 
 
@@ -375,9 +488,14 @@ def make_controller(config) -> controller_lib.AdaptiveBatch | None:
   if b.schedule != "adaptive":
     return None
   return controller_lib.AdaptiveBatch(
-      b.rollouts_per_prompt, b.adaptive_min_prompts, b.adaptive_max_prompts,
-      b.adaptive_factor, b.adaptive_every, prompts=b.num_prompts,
-      hysteresis=b.adaptive_hysteresis)
+      b.rollouts_per_prompt,
+      b.adaptive_min_prompts,
+      b.adaptive_max_prompts,
+      b.adaptive_factor,
+      b.adaptive_every,
+      prompts=b.num_prompts,
+      hysteresis=b.adaptive_hysteresis,
+  )
 
 
 def start_run(config, workdir: str, setup: run_setup.Setup) -> tuple[Trainer, run_state.RunState]:
@@ -392,9 +510,14 @@ def start_run(config, workdir: str, setup: run_setup.Setup) -> tuple[Trainer, ru
   mesh = sharding.make_mesh(c.mesh.data, c.mesh.fsdp, c.mesh.tensor)  # before any compile
   rules = sharding.parse_rules(c.mesh.rules)
   if c.get("hf_checkpoint"):  # no SFT: the checkpoint is the base, read into its shardings
-    graphdef, base_params, _, _ = hf.load(c.hf_checkpoint, mesh, c.model.param_dtype,
-                                          compute_dtype=c.model.dtype, rules=rules,
-                                          max_len=c.model.max_len)
+    graphdef, base_params, _, _ = hf.load(
+        c.hf_checkpoint,
+        mesh,
+        c.model.param_dtype,
+        compute_dtype=c.model.dtype,
+        rules=rules,
+        max_len=c.model.max_len,
+    )
     base_summary = {"hf_checkpoint": c.hf_checkpoint}
   else:
     graphdef, base_params, base_summary = sft_base(c, workdir, setup)
@@ -405,25 +528,45 @@ def start_run(config, workdir: str, setup: run_setup.Setup) -> tuple[Trainer, ru
   copy = lambda t: jax.tree.map(jnp.copy, t)  # updates donate their params
   opt_state = sharding.shard_state(tx.init(base_params), base_params, param_sh, mesh)
   state = run_state.RunState(
-      params=copy(base_params), opt_state=opt_state,
+      params=copy(base_params),
+      opt_state=opt_state,
       history=[copy(base_params) for _ in range(c.batch.staleness)],
-      counters=run_state.Counters(), noise=noise_tracker.NoiseEMA(c.noise.ema_decay),
-      noise_adam=noise_tracker.NoiseEMA(c.noise.ema_decay), controller=make_controller(c),
-      log=run_state.RunLog())
+      counters=run_state.Counters(),
+      noise=noise_tracker.NoiseEMA(c.noise.ema_decay),
+      noise_adam=noise_tracker.NoiseEMA(c.noise.ema_decay),
+      controller=make_controller(c),
+      log=run_state.RunLog(),
+  )
   if resume is not None:
     state = run_state.restore(ckpt, resume, state)
   # metrics are written once, by process 0 (every process computes the same rows);
   # a run with no checkpoint yet starts again at round 0 (its rows are dropped)
   first_round = state.counters.round + 1 if resume is not None else 0
-  writer = (metrics_lib.MetricsWriter(workdir, resume_round=first_round)
-            if jax.process_index() == 0 else _NoWriter())
+  writer = (
+      metrics_lib.MetricsWriter(workdir, resume_round=first_round)
+      if jax.process_index() == 0
+      else _NoWriter()
+  )
   leaf_groups = [gradstats.param_group(p) for p in gradstats.leaf_paths(base_params)]
-  trainer = Trainer(c, workdir, setup, ckpt, mesh, graphdef, base_params, base_summary, tx,
-                    writer, leaf_groups, model_config)
+  trainer = Trainer(
+      c,
+      workdir,
+      setup,
+      ckpt,
+      mesh,
+      graphdef,
+      base_params,
+      base_summary,
+      tx,
+      writer,
+      leaf_groups,
+      model_config,
+  )
   return trainer, state
 
 
 class _NoWriter:
+
   def write(self, row):
     pass
 
@@ -450,8 +593,16 @@ def evaluate(trainer: Trainer, state: run_state.RunState) -> dict:
     row["eval_expected_seconds"] = time.time() - t
   if c.train.eval_sampled:
     t = time.time()
-    ev = rollouts.pass_rate(trainer.graphdef, params, s.task, s.tok, s.eval_problems,
-                            jax.random.key(c.train.eval_seed), s.layout, s.eval_sampling)
+    ev = rollouts.pass_rate(
+        trainer.graphdef,
+        params,
+        s.task,
+        s.tok,
+        s.eval_problems,
+        jax.random.key(c.train.eval_seed),
+        s.layout,
+        s.eval_sampling,
+    )
     row["eval_pass_rate"] = ev["pass_rate"]
     row.update({f"eval_pass_rate_d{d}": v for d, v in ev["by_difficulty"].items()})
     row["eval_sampled_seconds"] = time.time() - t
@@ -468,9 +619,15 @@ def record_evaluation(state: run_state.RunState, r1: int, row: dict) -> float | 
   returns its score (None when nothing was evaluated)."""
   score = eval_score(row)
   if score is not None:
-    state.log.evaluations.append(run_state.Evaluation(
-        round=r1, rollouts=state.counters.rollouts_seen, score=score,
-        sampled=row.get("eval_pass_rate"), expected="eval_expected_pass" in row))
+    state.log.evaluations.append(
+        run_state.Evaluation(
+            round=r1,
+            rollouts=state.counters.rollouts_seen,
+            score=score,
+            sampled=row.get("eval_pass_rate"),
+            expected="eval_expected_pass" in row,
+        )
+    )
   return score
 
 
@@ -487,23 +644,35 @@ def choose_prompts(config, state: run_state.RunState, rnd: int) -> tuple[int, di
   ctl = state.controller
   if ctl is None:
     return b.num_prompts, {}
-  sig = controller_lib.signal_interval(b.adaptive_signal, state.noise.interval(b.adaptive_z),
-                                       state.noise_adam.interval(b.adaptive_z),
-                                       b.adaptive_b_crit_ratio)
+  sig = controller_lib.signal_interval(
+      b.adaptive_signal,
+      state.noise.interval(b.adaptive_z),
+      state.noise_adam.interval(b.adaptive_z),
+      b.adaptive_b_crit_ratio,
+  )
   P = ctl.update(rnd, sig)
   K = b.rollouts_per_prompt
-  lr = config.optim.lr * lr_rules.lr_scale(config.optim.lr_rule, P // b.num_minibatches * K,
-                                           config.optim.ref_batch)
-  return P, {"adaptive/signal": sig["value"], "adaptive/signal_se": sig["se"],
-             "adaptive/signal_lo": sig["lo"], "adaptive/signal_hi": sig["hi"],
-             "adaptive/resolved": sig["resolved"], "adaptive/decision": ctl.decides(rnd),
-             "adaptive/target_batch_size": ctl.target * K, "adaptive/prompts": P,
-             "adaptive/batch_size": P * K, "adaptive/changes": ctl.changes,
-             "adaptive/lr": lr}
+  lr = config.optim.lr * lr_rules.lr_scale(
+      config.optim.lr_rule, P // b.num_minibatches * K, config.optim.ref_batch
+  )
+  return P, {
+      "adaptive/signal": sig["value"],
+      "adaptive/signal_se": sig["se"],
+      "adaptive/signal_lo": sig["lo"],
+      "adaptive/signal_hi": sig["hi"],
+      "adaptive/resolved": sig["resolved"],
+      "adaptive/decision": ctl.decides(rnd),
+      "adaptive/target_batch_size": ctl.target * K,
+      "adaptive/prompts": P,
+      "adaptive/batch_size": P * K,
+      "adaptive/changes": ctl.changes,
+      "adaptive/lr": lr,
+  }
 
 
-def update_round(trainer: Trainer, state: run_state.RunState, batch: dict, rnd: int, P: int,
-                 probe=None):
+def update_round(
+    trainer: Trainer, state: run_state.RunState, batch: dict, rnd: int, P: int, probe=None
+):
   """All updates of round ``rnd`` (minibatches x epochs) in one jitted call,
   applied to ``state`` (params, optimizer state, history, ``counters.step``);
   with a ``probe`` (``probe_batch``), held-out drift before every update.
@@ -518,7 +687,7 @@ def update_round(trainer: Trainer, state: run_state.RunState, batch: dict, rnd: 
   for _ in range(E):
     perm = order_rng.permutation(P)
     for mbi in range(M):
-      p = perm[mbi * P_mb:(mbi + 1) * P_mb]
+      p = perm[mbi * P_mb : (mbi + 1) * P_mb]
       idx.append((p[:, None] * K + np.arange(K)[None]).reshape(-1))
   lr_base = c.optim.lr * lr_rules.lr_scale(c.optim.lr_rule, P_mb * K, c.optim.ref_batch)
   step = state.counters.step
@@ -528,9 +697,16 @@ def update_round(trainer: Trainer, state: run_state.RunState, batch: dict, rnd: 
     state.history = state.history[1:] + [jax.tree.map(jnp.copy, state.params)]
   train_state = dict(params=state.params, opt_state=state.opt_state)
   new_state, metrics, extras = trainer.updater(P_mb)(
-      train_state, sharding.shard_batch(batch, trainer.mesh), np.stack(idx), lrs,
-      c.batch.staleness == 0, split=due(c.noise.split_every),
-      exact=due(c.noise.exact_every), drift=due(c.noise.drift_every), probe=probe)
+      train_state,
+      sharding.shard_batch(batch, trainer.mesh),
+      np.stack(idx),
+      lrs,
+      c.batch.staleness == 0,
+      split=due(c.noise.split_every),
+      exact=due(c.noise.exact_every),
+      drift=due(c.noise.drift_every),
+      probe=probe,
+  )
   state.params, state.opt_state = new_state["params"], new_state["opt_state"]
   metrics, extras = jax.device_get((metrics, extras))  # one read per round
   rows = [{k: v[j] for k, v in metrics.items()} | {"lr": lrs[j]} for j in range(len(idx))]
@@ -555,7 +731,8 @@ def check_finite(trainer: Trainer, state: run_state.RunState, rows: list, r1: in
           f"(round {r1}, update {j + 1} of the round, optimizer step {step}: "
           f"loss={m['loss']}, grad_norm={m['grad_norm']}, update_norm={m['update_norm']}); "
           f"parameters were not changed by them; last checkpoint: round "
-          f"{trainer.ckpt.latest_step()}")
+          f"{trainer.ckpt.latest_step()}"
+      )
 
 
 def _mean(rows, key):
@@ -597,14 +774,29 @@ def update_trackers(config, state: run_state.RunState, extras: dict, P: int) -> 
   for name, ema in (("noise_ema", state.noise), ("noise_ema_adam", state.noise_adam)):
     if ema.count:
       iv = ema.interval(config.batch.adaptive_z)
-      row.update({f"{name}/b_noise_se": iv["se"], f"{name}/b_noise_lo": iv["lo"],
-                  f"{name}/b_noise_hi": iv["hi"]})
+      row.update(
+          {
+              f"{name}/b_noise_se": iv["se"],
+              f"{name}/b_noise_lo": iv["lo"],
+              f"{name}/b_noise_hi": iv["hi"],
+          }
+      )
   return row
 
 
-def round_row(config, counters: run_state.Counters, r1: int, P: int, rewards, gen,
-              rows: list, extras: dict, leaf_groups: list, t_gen: float,
-              t_upd: float) -> dict:
+def round_row(
+    config,
+    counters: run_state.Counters,
+    r1: int,
+    P: int,
+    rewards,
+    gen,
+    rows: list,
+    extras: dict,
+    leaf_groups: list,
+    t_gen: float,
+    t_upd: float,
+) -> dict:
   """The metrics row of round ``r1`` (1-based) -- batch, rewards, updates,
   drift and the exact noise statistics that were due -- a pure function of
   its inputs (the trackers' fields come from ``update_trackers``)."""
@@ -612,29 +804,42 @@ def round_row(config, counters: run_state.Counters, r1: int, P: int, rewards, ge
   P_mb = P // config.batch.num_minibatches
   N = P * K
   gen_tokens = float(np.asarray(gen["completion_mask"]).sum())
-  row = {"round": r1, "batch_size": N, "rollouts_per_update": P_mb * K,
-         "reward_mean": float(rewards.mean()),
-         "frac_groups_mixed": float(np.mean(rewards.std(axis=1) > 0)),
-         "completion_len": float(np.mean(np.asarray(gen["lengths"]))),
-         "rollouts_seen": counters.rollouts_seen, "lr": rows[-1]["lr"],
-         "num_updates": len(rows), "gen_seconds": t_gen, "update_seconds": t_upd,
-         "tokens_per_s": gen_tokens / max(t_gen, 1e-9),
-         "skipped_updates": counters.skipped_updates}
-  for k in ("loss", "grad_norm", "entropy", "sampler_logp_gap", "grad_clipped") + \
-      drift.DRIFT_KEYS:
+  row = {
+      "round": r1,
+      "batch_size": N,
+      "rollouts_per_update": P_mb * K,
+      "reward_mean": float(rewards.mean()),
+      "frac_groups_mixed": float(np.mean(rewards.std(axis=1) > 0)),
+      "completion_len": float(np.mean(np.asarray(gen["lengths"]))),
+      "rollouts_seen": counters.rollouts_seen,
+      "lr": rows[-1]["lr"],
+      "num_updates": len(rows),
+      "gen_seconds": t_gen,
+      "update_seconds": t_upd,
+      "tokens_per_s": gen_tokens / max(t_gen, 1e-9),
+      "skipped_updates": counters.skipped_updates,
+  }
+  for k in ("loss", "grad_norm", "entropy", "sampler_logp_gap", "grad_clipped") + drift.DRIFT_KEYS:
     row[k] = _mean(rows, k)
   held = [k for k in rows[0] if k.startswith("heldout_")]
   for k in held:
     row[k] = _mean(rows, k)
   if len(rows) > 1:
     for k in ("kappa_k1", "kappa_k3", "clip_frac_low", "clip_frac_high", "ess") + tuple(
-        k for k in held if k[len("heldout_"):] in ("kappa_exact", "kappa_k1", "kappa_k3",
-                                                   "clip_frac_low", "clip_frac_high", "ess")):
+        k
+        for k in held
+        if k[len("heldout_") :]
+        in ("kappa_exact", "kappa_k1", "kappa_k3", "clip_frac_low", "clip_frac_high", "ess")
+    ):
       row[f"{k}_by_update"] = [float(u[k]) for u in rows]
   if "exact" in extras:
     mom = extras["exact"]
-    row.update(noise_row("noise_exact", noise_stats.noise_stats(
-        noise.exact_estimates(gradstats.sum_leaves(mom)), P_mb, K)))
+    row.update(
+        noise_row(
+            "noise_exact",
+            noise_stats.noise_stats(noise.exact_estimates(gradstats.sum_leaves(mom)), P_mb, K),
+        )
+    )
     for g, gm in gradstats.sum_leaves(mom, leaf_groups).items():
       est = noise.exact_estimates(gm)
       for k in ("trace_intra", "trace_inter", "g2"):
@@ -648,8 +853,7 @@ def round_row(config, counters: run_state.Counters, r1: int, P: int, rewards, ge
 def log_row(trainer: Trainer, row: dict, bar) -> None:
   trainer.writer.write(row)
   ev = eval_score(row)
-  bar.set_postfix(reward=f"{row['reward_mean']:.3f}", pass_rate="-" if ev is None
-                  else f"{ev:.3f}")
+  bar.set_postfix(reward=f"{row['reward_mean']:.3f}", pass_rate="-" if ev is None else f"{ev:.3f}")
   if not trainer.config.train.progress:
     keys = ("round", "reward_mean", "loss", "entropy", "eval_pass_rate", "eval_expected_pass")
     print(json.dumps({k: row[k] for k in keys if k in row}), flush=True)
@@ -660,6 +864,7 @@ def checkpoint(trainer: Trainer, state: run_state.RunState) -> None:
 
 
 # ----------------------------------------------------------------------- loop
+
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   """Run (or resume) training in ``workdir``; returns the end-of-run summary."""
@@ -685,14 +890,21 @@ def _train_rl(c, workdir, setup):
     n.base_pass_rate = record_evaluation(state, 0, ev)
     trainer.writer.write({"round": 0, "rollouts_seen": 0} | ev)
   end = n.round if n.stopped else c.train.num_rounds
-  bar = tqdm.tqdm(range(n.round, end), initial=n.round, desc="rl",
-                  total=c.train.num_rounds, disable=not c.train.progress, mininterval=1.0)
+  bar = tqdm.tqdm(
+      range(n.round, end),
+      initial=n.round,
+      desc="rl",
+      total=c.train.num_rounds,
+      disable=not c.train.progress,
+      mininterval=1.0,
+  )
   for rnd in bar:
     r1, t0 = rnd + 1, time.time()
     P, signal = choose_prompts(c, state, rnd)
     behaviour = state.history[0] if c.batch.staleness else state.params
-    batch, rewards, gen = round_batch(c, trainer.graphdef, behaviour, trainer.base_params,
-                                      setup, rnd, P, trainer.mesh)
+    batch, rewards, gen = round_batch(
+        c, trainer.graphdef, behaviour, trainer.base_params, setup, rnd, P, trainer.mesh
+    )
     probe = probe_batch(c, trainer.graphdef, behaviour, setup, rnd, trainer.mesh)
     t_gen = time.time() - t0
     rows, extras = update_round(trainer, state, batch, rnd, P, probe)
@@ -712,14 +924,22 @@ def _train_rl(c, workdir, setup):
     n.seconds += time.time() - t0
     log_row(trainer, row, bar)
     n.round = r1
-    reached = bool(c.train.stop_at_pass_rate) and score is not None and \
-        score >= c.train.stop_at_pass_rate
-    collapsed = bool(c.train.stop_below_pass_rate) and score is not None and \
-        score < c.train.stop_below_pass_rate
+    reached = (
+        bool(c.train.stop_at_pass_rate) and score is not None and score >= c.train.stop_at_pass_rate
+    )
+    collapsed = (
+        bool(c.train.stop_below_pass_rate)
+        and score is not None
+        and score < c.train.stop_below_pass_rate
+    )
     n.stopped_at_target |= reached
     n.stopped_collapsed |= collapsed
-    if (c.train.checkpoint_every and r1 % c.train.checkpoint_every == 0) or \
-        r1 == c.train.num_rounds or reached or collapsed:
+    if (
+        (c.train.checkpoint_every and r1 % c.train.checkpoint_every == 0)
+        or r1 == c.train.num_rounds
+        or reached
+        or collapsed
+    ):
       checkpoint(trainer, state)
     if reached or collapsed:
       break
@@ -735,8 +955,9 @@ def _write_summary(workdir, summary):
   if jax.process_index():  # written once, by process 0
     return
   # atomic: a kill never leaves a torn summary
-  paths.write_atomic(paths.join(workdir, "summary.json"),
-                     json.dumps(summary, indent=2, default=float))
+  paths.write_atomic(
+      paths.join(workdir, "summary.json"), json.dumps(summary, indent=2, default=float)
+  )
 
 
 def summarise(c, state: run_state.RunState, base_summary: dict, wall: float) -> dict:
@@ -748,24 +969,39 @@ def summarise(c, state: run_state.RunState, base_summary: dict, wall: float) -> 
       base_pass_rate=n.base_pass_rate,
       final_pass_rate=evals[-1].score if evals else None,
       final_sampled_pass_rate=sampled[-1] if sampled else None,
-      pass_rate_metric=("eval_expected_pass" if any(e.expected for e in evals)
-                        else "eval_pass_rate"),
-      rounds=n.round, rollouts_seen=n.rollouts_seen,
-      optimizer_steps=n.step, skipped_updates=n.skipped_updates,
-      stopped_at_target=n.stopped_at_target, stopped_collapsed=n.stopped_collapsed,
-      wall_seconds_this_call=wall, gen_seconds=log.gen_seconds,
-      update_seconds=log.update_seconds, sft=base_summary)
+      pass_rate_metric=(
+          "eval_expected_pass" if any(e.expected for e in evals) else "eval_pass_rate"
+      ),
+      rounds=n.round,
+      rollouts_seen=n.rollouts_seen,
+      optimizer_steps=n.step,
+      skipped_updates=n.skipped_updates,
+      stopped_at_target=n.stopped_at_target,
+      stopped_collapsed=n.stopped_collapsed,
+      wall_seconds_this_call=wall,
+      gen_seconds=log.gen_seconds,
+      update_seconds=log.update_seconds,
+      sft=base_summary,
+  )
   # Noise: pool the per-round split estimates of the last half of training
   # (parameters drift across rounds, so this is a summary, not a fixed-point
   # measurement: for that use `python -m cbs_jax.measure`).
   K = c.batch.rollouts_per_prompt
   P_mb = c.batch.num_prompts // c.batch.num_minibatches
-  est = log.split[len(log.split) // 2:]
+  est = log.split[len(log.split) // 2 :]
   if len(est) >= 2:
     s = noise_stats.pooled_estimates(est, P_mb, K)
     summary["noise"] = dict(
-        rounds_pooled=len(est), K=K, b_intra=s.b_intra, b_intra_se=s.b_intra_se,
-        b_inter=s.b_inter, b_inter_se=s.b_inter_se,
-        intra_inter_ratio=s.ratio, intra_inter_ratio_se=s.ratio_se,
-        b_noise=s.b_noise, b_noise_se=s.b_noise_se, flag=s.flag)
+        rounds_pooled=len(est),
+        K=K,
+        b_intra=s.b_intra,
+        b_intra_se=s.b_intra_se,
+        b_inter=s.b_inter,
+        b_inter_se=s.b_inter_se,
+        intra_inter_ratio=s.ratio,
+        intra_inter_ratio_se=s.ratio_se,
+        b_noise=s.b_noise,
+        b_noise_se=s.b_noise_se,
+        flag=s.flag,
+    )
   return summary

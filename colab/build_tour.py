@@ -16,6 +16,7 @@ scratch folder (``--rundir``), so its runs, figures and compilation cache
 never land in the repository. tests/test_colab.py executes the .py twin at
 the tiny size and checks that the two files hold the same code.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -31,13 +32,17 @@ IPYNB = os.path.join(HERE, "cbs_jax_tour.ipynb")
 
 
 def main(argv=None):
-  ap = argparse.ArgumentParser(description=__doc__,
-                               formatter_class=argparse.RawDescriptionHelpFormatter)
+  ap = argparse.ArgumentParser(
+      description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+  )
   ap.add_argument("--size", default="colab", choices=("colab", "tiny"))
   ap.add_argument("--out", default=IPYNB, help="Notebook to write.")
   ap.add_argument("--rundir", default=None, help="Working folder (default: a fresh temp dir).")
-  ap.add_argument("--sources_only", action="store_true",
-                  help="Copy the twin's cell sources into the notebook; keep its outputs.")
+  ap.add_argument(
+      "--sources_only",
+      action="store_true",
+      help="Copy the twin's cell sources into the notebook; keep its outputs.",
+  )
   args = ap.parse_args(argv)
   if args.sources_only:
     return copy_sources(PY, args.out)
@@ -47,14 +52,17 @@ def main(argv=None):
   nb = jupytext.read(PY)
   rundir = args.rundir or tempfile.mkdtemp(prefix="cbs_jax_tour_")
   os.makedirs(rundir, exist_ok=True)
-  os.environ["CBS_JAX_TOUR_SIZE"] = args.size        # the kernel inherits the environment
+  os.environ["CBS_JAX_TOUR_SIZE"] = args.size  # the kernel inherits the environment
   os.environ["CBS_JAX_LOCAL_PATH"] = os.path.dirname(HERE)
   os.environ.pop("CBS_JAX_TOUR_DIR", None)
   t0 = time.time()
-  NotebookClient(nb, timeout=None, kernel_name="python3",
-                 resources={"metadata": {"path": rundir}}).execute()
-  print(f"executed at size={args.size} in {time.time() - t0:.0f} s (run folder {rundir})",
-        file=sys.stderr)
+  NotebookClient(
+      nb, timeout=None, kernel_name="python3", resources={"metadata": {"path": rundir}}
+  ).execute()
+  print(
+      f"executed at size={args.size} in {time.time() - t0:.0f} s (run folder {rundir})",
+      file=sys.stderr,
+  )
   jupytext.write(nb, args.out)
   if os.path.abspath(args.out) == IPYNB:
     jupytext.write(nb, PY, fmt="py:percent")  # keep the pair's metadata in step
@@ -65,7 +73,7 @@ def _percent_cells(text: str) -> list[tuple[str, list[str]]]:
   """(cell_type, source lines) of a jupytext percent-format file."""
   lines = text.splitlines()
   if lines and lines[0] == "# ---":  # the YAML header
-    lines = lines[lines.index("# ---", 1) + 1:]
+    lines = lines[lines.index("# ---", 1) + 1 :]
   cells, kind, buf = [], None, []
   for line in lines + ["# %%"]:
     if line.startswith("# %%"):
@@ -92,8 +100,10 @@ def copy_sources(py: str, ipynb: str) -> None:
   with open(ipynb) as f:
     nb = json.load(f)
   if [k for k, _ in cells] != [c["cell_type"] for c in nb["cells"]]:
-    raise ValueError(f"{py} and {ipynb} differ in their cells' types or order: rebuild the "
-                     "notebook by executing it (python colab/build_tour.py)")
+    raise ValueError(
+        f"{py} and {ipynb} differ in their cells' types or order: rebuild the "
+        "notebook by executing it (python colab/build_tour.py)"
+    )
   for cell, (_, lines) in zip(nb["cells"], cells):
     cell["source"] = [ln + "\n" for ln in lines[:-1]] + lines[-1:]
   with open(ipynb, "w") as f:

@@ -48,11 +48,11 @@
 # %%
 import os
 
-SIZE = os.environ.get("CBS_JAX_TOUR_SIZE", "colab")   # "colab" | "tiny"
-REPO_URL = "https://github.com/cbs-jax/cbs_jax"        # public repository (placeholder URL)
-LOCAL_PATH = os.environ.get("CBS_JAX_LOCAL_PATH")      # install from a local checkout instead
+SIZE = os.environ.get("CBS_JAX_TOUR_SIZE", "colab")  # "colab" | "tiny"
+REPO_URL = "https://github.com/cbs-jax/cbs_jax"  # public repository (placeholder URL)
+LOCAL_PATH = os.environ.get("CBS_JAX_LOCAL_PATH")  # install from a local checkout instead
 WORKDIR = os.path.abspath(os.environ.get("CBS_JAX_TOUR_DIR", "cbs_jax_tour"))
-ACCELERATOR, CHIPS = "tpu_v5e", 8                      # the planner's target (section 7)
+ACCELERATOR, CHIPS = "tpu_v5e", 8  # the planner's target (section 7)
 
 SIZES = {
     # sft_steps: supervised warm start; rounds x (P prompts x K rollouts): the GRPO run;
@@ -60,14 +60,44 @@ SIZES = {
     # sweep_*: prompts per round at K rollouts each, seeds per batch size, the target
     # (gain in exact expected pass rate over the shared base), the rollout budget per run
     # and the rollouts between evaluations.
-    "colab": dict(max_digits=3, num_layers=2, sft_steps=2000, P=16, K=16, rounds=300, eval_every=25, eval_prompts=512,
-                  measure_P=32, measure_K=16, measure_M=8,
-                  sweep_P=(8, 32, 128), sweep_K=16, seeds=(0, 1, 2), target_gain=0.04,
-                  budget=60_000, eval_rollouts=1024),
-    "tiny": dict(max_digits=1, num_layers=1, sft_steps=150, P=4, K=4, rounds=8, eval_every=2, eval_prompts=32,
-                 measure_P=4, measure_K=4, measure_M=16,
-                 sweep_P=(2, 4, 8), sweep_K=4, seeds=(0, 1, 2), target_gain=0.0005,
-                 budget=160, eval_rollouts=16),
+    "colab": dict(
+        max_digits=3,
+        num_layers=2,
+        sft_steps=2000,
+        P=16,
+        K=16,
+        rounds=300,
+        eval_every=25,
+        eval_prompts=512,
+        measure_P=32,
+        measure_K=16,
+        measure_M=8,
+        sweep_P=(8, 32, 128),
+        sweep_K=16,
+        seeds=(0, 1, 2),
+        target_gain=0.04,
+        budget=60_000,
+        eval_rollouts=1024,
+    ),
+    "tiny": dict(
+        max_digits=1,
+        num_layers=1,
+        sft_steps=150,
+        P=4,
+        K=4,
+        rounds=8,
+        eval_every=2,
+        eval_prompts=32,
+        measure_P=4,
+        measure_K=4,
+        measure_M=16,
+        sweep_P=(2, 4, 8),
+        sweep_K=4,
+        seeds=(0, 1, 2),
+        target_gain=0.0005,
+        budget=160,
+        eval_rollouts=16,
+    ),
 }
 S = SIZES[SIZE]
 FIGS = os.path.join(WORKDIR, "figures")
@@ -114,8 +144,10 @@ import jax
 import numpy as np
 from absl import logging
 
-jax.config.update("jax_compilation_cache_dir",  # a cache you already use is kept
-                  os.environ.get("JAX_COMPILATION_CACHE_DIR") or os.path.join(WORKDIR, "jax_cache"))
+jax.config.update(
+    "jax_compilation_cache_dir",  # a cache you already use is kept
+    os.environ.get("JAX_COMPILATION_CACHE_DIR") or os.path.join(WORKDIR, "jax_cache"),
+)
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
 logging.set_verbosity(logging.WARNING)
 
@@ -162,7 +194,7 @@ print("jax", jax.__version__, "devices:", jax.devices())
 
 # %%
 config = default.get_config()
-config.task.kwargs.max_digits = S["max_digits"]   # operands of 1..max_digits digits
+config.task.kwargs.max_digits = S["max_digits"]  # operands of 1..max_digits digits
 config.model.num_layers = S["num_layers"]
 config.sft.steps = S["sft_steps"]
 config.sft.eval_every = 0
@@ -172,18 +204,22 @@ config.train.eval_every = S["eval_every"]
 config.train.eval_prompts = S["eval_prompts"]
 config.train.checkpoint_every = S["rounds"]
 config.train.progress = False
-config.sft.base_dir = os.path.join(WORKDIR, "sft_base")   # shared with the sweep below
+config.sft.base_dir = os.path.join(WORKDIR, "sft_base")  # shared with the sweep below
 RUN = os.path.join(WORKDIR, "grpo")
 
 t0 = time.time()
 with quiet("grpo.log"):
   summary = train.train_and_evaluate(config, RUN)
 T_TRAIN = time.time() - t0
-print(f"SFT + GRPO: {T_TRAIN:.0f} s  ({summary['rollouts_seen']} rollouts, "
-      f"{summary['optimizer_steps']} optimizer steps)")
-print(f"held-out exact expected pass@1: base {summary['base_pass_rate']:.3f} -> "
-      f"{summary['final_pass_rate']:.3f}; sampled at the end: "
-      f"{summary['final_sampled_pass_rate']:.3f}")
+print(
+    f"SFT + GRPO: {T_TRAIN:.0f} s  ({summary['rollouts_seen']} rollouts, "
+    f"{summary['optimizer_steps']} optimizer steps)"
+)
+print(
+    f"held-out exact expected pass@1: base {summary['base_pass_rate']:.3f} -> "
+    f"{summary['final_pass_rate']:.3f}; sampled at the end: "
+    f"{summary['final_sampled_pass_rate']:.3f}"
+)
 
 # %% [markdown]
 # ## 3. Learning curves, by rollouts and by optimizer steps
@@ -199,18 +235,32 @@ for r in rows:
   if r["round"] > 0:
     n_steps += r.get("num_updates", 1)
     step_of_round[r["round"]] = n_steps
-curves = [dict(label="exact expected pass@1", rollouts=[r["rollouts_seen"] for r in ev],
-               steps=[step_of_round[r["round"]] for r in ev],
-               value=[r["eval_expected_pass"] for r in ev])]
+curves = [
+    dict(
+        label="exact expected pass@1",
+        rollouts=[r["rollouts_seen"] for r in ev],
+        steps=[step_of_round[r["round"]] for r in ev],
+        value=[r["eval_expected_pass"] for r in ev],
+    )
+]
 sampled = [r for r in ev if "eval_pass_rate" in r]
 if sampled:
   p = np.array([r["eval_pass_rate"] for r in sampled])
   se = np.sqrt(p * (1 - p) / config.train.eval_prompts)
-  curves.append(dict(label="sampled pass@1 (± 1 binomial SE)", rollouts=[r["rollouts_seen"] for r in sampled],
-                     steps=[step_of_round[r["round"]] for r in sampled], value=p,
-                     lo=p - se, hi=p + se))
-show(plots.learning_curves(curves, title=f"GRPO on arithmetic, N = {S['P'] * S['K']}"),
-     "learning_curves")
+  curves.append(
+      dict(
+          label="sampled pass@1 (± 1 binomial SE)",
+          rollouts=[r["rollouts_seen"] for r in sampled],
+          steps=[step_of_round[r["round"]] for r in sampled],
+          value=p,
+          lo=p - se,
+          hi=p + se,
+      )
+  )
+show(
+    plots.learning_curves(curves, title=f"GRPO on arithmetic, N = {S['P'] * S['K']}"),
+    "learning_curves",
+)
 
 # %% [markdown]
 # ## 4. The live noise tracker
@@ -224,20 +274,27 @@ show(plots.learning_curves(curves, title=f"GRPO on arithmetic, N = {S['P'] * S['
 tr = [r for r in rows if r["round"] > 0 and "noise_ema/g2" in r]
 rounds = [r["round"] for r in tr]
 K = S["K"]
-get = lambda key, scale=1.0: [scale * float(r[key]) if r.get(key) is not None else np.nan
-                              for r in tr]  # (metrics.jsonl writes infinity as "inf")
-series = {"B_noise (tracker)": get("noise_ema/b_noise"),
-          "B_intra (tracker)": get("noise_ema/b_intra"),
-          f"K·B_inter (tracker, K={K})": get("noise_ema/b_inter", K)}
+get = lambda key, scale=1.0: [
+    scale * float(r[key]) if r.get(key) is not None else np.nan for r in tr
+]  # (metrics.jsonl writes infinity as "inf")
+series = {
+    "B_noise (tracker)": get("noise_ema/b_noise"),
+    "B_intra (tracker)": get("noise_ema/b_intra"),
+    f"K·B_inter (tracker, K={K})": get("noise_ema/b_inter", K),
+}
 bands = {"B_noise (tracker)": (get("noise_ema/b_noise_lo"), get("noise_ema/b_noise_hi"))}
-show(plots.noise_over_training(rounds, dict(series), bands, title="live noise tracker (EMA)"),
-     "noise_tracker")
+show(
+    plots.noise_over_training(rounds, dict(series), bands, title="live noise tracker (EMA)"),
+    "noise_tracker",
+)
 fmt = lambda v: "unresolved" if v is None or not np.isfinite(float(v)) else f"{float(v):.4g}"
 last = tr[-1]
-print(f"round {last['round']}: tracker B_noise = {fmt(last.get('noise_ema/b_noise'))} rollouts "
-      f"(interval {fmt(last.get('noise_ema/b_noise_lo'))} .. "
-      f"{fmt(last.get('noise_ema/b_noise_hi'))}), |G|^2 EMA = {fmt(last.get('noise_ema/g2'))}, "
-      f"intra:inter per rollout = {fmt(last.get('noise_ema/ratio'))}")
+print(
+    f"round {last['round']}: tracker B_noise = {fmt(last.get('noise_ema/b_noise'))} rollouts "
+    f"(interval {fmt(last.get('noise_ema/b_noise_lo'))} .. "
+    f"{fmt(last.get('noise_ema/b_noise_hi'))}), |G|^2 EMA = {fmt(last.get('noise_ema/g2'))}, "
+    f"intra:inter per rollout = {fmt(last.get('noise_ema/ratio'))}"
+)
 
 # %% [markdown]
 # ## 5. A precise measurement of the checkpoint
@@ -258,8 +315,16 @@ measured = {}
 t0 = time.time()
 for label, rnd in (("SFT base", 0), (f"after {S['rounds']} rounds", None)):
   graphdef, params, at = measure.load_policy(config, RUN, setup, round_=rnd)
-  res = measure.measure(config, graphdef, params, setup, P=S["measure_P"], K=S["measure_K"],
-                        M=S["measure_M"], progress=False)
+  res = measure.measure(
+      config,
+      graphdef,
+      params,
+      setup,
+      P=S["measure_P"],
+      K=S["measure_K"],
+      M=S["measure_M"],
+      progress=False,
+  )
   measured[label] = (at, res)
   print(f"== {label} (round {at}) ==")
   print(measure.format_table(res))
@@ -270,13 +335,22 @@ print(f"measurement: {T_MEASURE:.0f} s")
 Km = S["measure_K"]
 labels = list(measured)
 ex = [measured[k][1]["exact"] for k in labels]
-show(plots.noise_decomposition(
-    labels, [e.trace_intra for e in ex], [Km * e.trace_inter for e in ex],
-    [e.trace_intra_se for e in ex], [Km * e.trace_inter_se for e in ex], stacked=True,
-    ylabel="N · Cov(batch gradient), trace (|g|² per rollout)",
-    intra_label="intra-prompt: tr Σ_intra", inter_label=f"inter-prompt: K·tr Σ_inter (K={Km})",
-    title=f"Noise decomposition ({S['measure_M']} pooled batches of "
-          f"{S['measure_P']}x{Km}, ± 1 SE)"), "noise_decomposition")
+show(
+    plots.noise_decomposition(
+        labels,
+        [e.trace_intra for e in ex],
+        [Km * e.trace_inter for e in ex],
+        [e.trace_intra_se for e in ex],
+        [Km * e.trace_inter_se for e in ex],
+        stacked=True,
+        ylabel="N · Cov(batch gradient), trace (|g|² per rollout)",
+        intra_label="intra-prompt: tr Σ_intra",
+        inter_label=f"inter-prompt: K·tr Σ_inter (K={Km})",
+        title=f"Noise decomposition ({S['measure_M']} pooled batches of "
+        f"{S['measure_P']}x{Km}, ± 1 SE)",
+    ),
+    "noise_decomposition",
+)
 
 # %% [markdown]
 # The tracker over training with the two precise measurements (markers, ± 1 SE) at the
@@ -289,8 +363,10 @@ for label, (at, res) in measured.items():
     series[f"B_noise precise: {label}"] = [e.b_noise]
     bands[f"B_noise precise: {label}"] = ([e.b_noise - e.b_noise_se], [e.b_noise + e.b_noise_se])
 xs = {k: (rounds if "tracker" in k else [measured[k.split(": ", 1)[1]][0]]) for k in series}
-show(plots.noise_over_training(xs, series, bands, title="gradient noise scale over training"),
-     "noise_over_training")
+show(
+    plots.noise_over_training(xs, series, bands, title="gradient noise scale over training"),
+    "noise_over_training",
+)
 
 # %% [markdown]
 # ## 6. A short batch-size sweep at sqrt learning-rate scaling
@@ -309,16 +385,22 @@ TARGET = round(base_pass + S["target_gain"], 4)
 Ks = S["sweep_K"]
 sweep_base = config.copy_and_resolve_references()
 sweep_base.train.stop_at_pass_rate = TARGET
-sweep_base.train.eval_sampled = False        # the exact eval is the one judged on
-sweep_base.noise.split_every = 0             # no tracker needed here (fewer programs to compile)
-sweep_base.train.checkpoint_every = 10_000   # the last round is always saved
+sweep_base.train.eval_sampled = False  # the exact eval is the one judged on
+sweep_base.noise.split_every = 0  # no tracker needed here (fewer programs to compile)
+sweep_base.train.checkpoint_every = 10_000  # the last round is always saved
 overrides = []
 for P in S["sweep_P"]:
   for seed in S["seeds"]:
     n = P * Ks
-    overrides.append({"batch.num_prompts": P, "batch.rollouts_per_prompt": Ks, "seed": seed,
-                      "train.num_rounds": max(2, S["budget"] // n),
-                      "train.eval_every": max(1, S["eval_rollouts"] // n)})
+    overrides.append(
+        {
+            "batch.num_prompts": P,
+            "batch.rollouts_per_prompt": Ks,
+            "seed": seed,
+            "train.num_rounds": max(2, S["budget"] // n),
+            "train.eval_every": max(1, S["eval_rollouts"] // n),
+        }
+    )
 print(f"target: exact expected pass {TARGET} (base {base_pass:.4f}); {len(overrides)} runs")
 t0 = time.time()
 with quiet("sweep.log"):
@@ -331,35 +413,56 @@ for ov, res in zip(overrides, results):
   n = ov["batch.num_prompts"] * Ks
   m = metrics.read_jsonl(os.path.join(res["workdir"], "metrics.jsonl"))
   e = [r for r in m if "eval_expected_pass" in r]
-  s = batch_law.steps_to_target([r["round"] for r in e], [r["eval_expected_pass"] for r in e],
-                                TARGET)
+  s = batch_law.steps_to_target(
+      [r["round"] for r in e], [r["eval_expected_pass"] for r in e], TARGET
+  )
   lr = config.optim.lr * lr_rules.lr_scale(config.optim.lr_rule, n, config.optim.ref_batch)
   points.append(dict(N=n, S=s, seed=ov["seed"], lr=lr))
   if ov["seed"] == S["seeds"][0]:
-    sweep_curves.append(dict(label=f"N={n}", rollouts=[r["rollouts_seen"] for r in e],
-                             steps=[r["round"] for r in e],
-                             value=[r["eval_expected_pass"] for r in e]))
+    sweep_curves.append(
+        dict(
+            label=f"N={n}",
+            rollouts=[r["rollouts_seen"] for r in e],
+            steps=[r["round"] for r in e],
+            value=[r["eval_expected_pass"] for r in e],
+        )
+    )
 for p in points:
-  print(f"N={p['N']:>5}  seed={p['seed']}  lr={p['lr']:.2e}  steps to target: "
-        + ("not reached" if p["S"] is None else f"{p['S']:.1f}"))
+  print(
+      f"N={p['N']:>5}  seed={p['seed']}  lr={p['lr']:.2e}  steps to target: "
+      + ("not reached" if p["S"] is None else f"{p['S']:.1f}")
+  )
 
 # %%
-show(plots.learning_curves(sweep_curves, target=TARGET, logx=True,
-                           ylabel="exact expected pass@1 (fraction)",
-                           title=f"sweep (seed {S['seeds'][0]}), lr ∝ sqrt(N)"), "sweep_curves")
+show(
+    plots.learning_curves(
+        sweep_curves,
+        target=TARGET,
+        logx=True,
+        ylabel="exact expected pass@1 (fraction)",
+        title=f"sweep (seed {S['seeds'][0]}), lr ∝ sqrt(N)",
+    ),
+    "sweep_curves",
+)
 try:
-  fit = batch_law.fit_critical_batch([p["N"] for p in points], [p["S"] for p in points],
-                                     seeds=[p["seed"] for p in points])
-  print(f"S_min = {fit['S_min']:.3g} steps [{fit['S_min_lo']:.3g}, {fit['S_min_hi']:.3g}], "
-        f"B_crit = {fit['B_crit']:.4g} rollouts, {100 * fit['level']:.0f}% interval "
-        f"[{fit['B_crit_lo']:.4g}, {fit['B_crit_hi']:.4g}], R² = {fit['r2']:.3f}: "
-        f"{fit['verdict']} {fit['why']}")
+  fit = batch_law.fit_critical_batch(
+      [p["N"] for p in points], [p["S"] for p in points], seeds=[p["seed"] for p in points]
+  )
+  print(
+      f"S_min = {fit['S_min']:.3g} steps [{fit['S_min_lo']:.3g}, {fit['S_min_hi']:.3g}], "
+      f"B_crit = {fit['B_crit']:.4g} rollouts, {100 * fit['level']:.0f}% interval "
+      f"[{fit['B_crit_lo']:.4g}, {fit['B_crit_hi']:.4g}], R² = {fit['r2']:.3f}: "
+      f"{fit['verdict']} {fit['why']}"
+  )
 except ValueError as err:  # too few batch sizes reached the target
   fit = None
   print("no fit:", err)
 final = measured[labels[-1]][1]["exact"]
-b_noise = (final.b_noise, final.b_noise - final.b_noise_se, final.b_noise + final.b_noise_se) \
-    if np.isfinite(final.b_noise) and S["measure_K"] == Ks else None
+b_noise = (
+    (final.b_noise, final.b_noise - final.b_noise_se, final.b_noise + final.b_noise_se)
+    if np.isfinite(final.b_noise) and S["measure_K"] == Ks
+    else None
+)
 show(plots.steps_vs_batch(points, fit, b_noise=b_noise), "steps_vs_batch")
 show(plots.pareto(points, fit), "pareto")
 
@@ -373,12 +476,19 @@ show(plots.pareto(points, fit), "pareto")
 
 # %%
 prompt_len, completion_len, _ = plan.task_lengths(config)
-recommend = lambda src: plan.recommend(src, ACCELERATOR, CHIPS, setup.model, prompt_len,
-                                       completion_len, optim=config.optim)
+recommend = lambda src: plan.recommend(
+    src, ACCELERATOR, CHIPS, setup.model, prompt_len, completion_len, optim=config.optim
+)
 rec = None
 if fit is not None:
-  rec = recommend(dict(B_crit=fit["B_crit"], S_min=fit["S_min"], K=Ks,
-                       source=f"this notebook's sweep ({fit['verdict']})"))
+  rec = recommend(
+      dict(
+          B_crit=fit["B_crit"],
+          S_min=fit["S_min"],
+          K=Ks,
+          source=f"this notebook's sweep ({fit['verdict']})",
+      )
+  )
   print(plan.format_report(rec))
   # how far the recommendation moves across the fit's B_crit interval
   for edge in ("B_crit_lo", "B_crit_hi"):
@@ -386,12 +496,21 @@ if fit is not None:
       r = recommend(dict(B_crit=fit[edge], K=Ks, source=edge))
       print(f"with B_crit at {edge} = {fit[edge]:.4g}: recommended N = {r['best']['n']}")
   if not fit["resolved"]:
-    print("caveat: the fit is unresolved (" + fit["why"] + "), so the recommendation is only "
-          "as good as that interval.")
+    print(
+        "caveat: the fit is unresolved (" + fit["why"] + "), so the recommendation is only "
+        "as good as that interval."
+    )
 else:  # no fit: the measured noise scale is the estimate of B_crit
-  for cand in (dict(b_noise=final.b_noise, b_noise_se=final.b_noise_se, K=S["measure_K"],
-                    flag=final.flag, source="this notebook's precise measurement"),
-               dict(summary.get("noise", {}), K=K, source="the training tracker")):
+  for cand in (
+      dict(
+          b_noise=final.b_noise,
+          b_noise_se=final.b_noise_se,
+          K=S["measure_K"],
+          flag=final.flag,
+          source="this notebook's precise measurement",
+      ),
+      dict(summary.get("noise", {}), K=K, source="the training tracker"),
+  ):
     try:
       rec = recommend(cand)
       print(plan.format_report(rec))
@@ -419,9 +538,15 @@ if rec is None:
 
 # %%
 T_TOTAL = time.time() - T_START
-timing = dict(size=SIZE, train_s=T_TRAIN, measure_s=T_MEASURE, sweep_s=T_SWEEP,
-              total_s=T_TOTAL, cpu_s=time.process_time() - CPU_START,
-              figures=sorted(os.listdir(FIGS)))
+timing = dict(
+    size=SIZE,
+    train_s=T_TRAIN,
+    measure_s=T_MEASURE,
+    sweep_s=T_SWEEP,
+    total_s=T_TOTAL,
+    cpu_s=time.process_time() - CPU_START,
+    figures=sorted(os.listdir(FIGS)),
+)
 with open(os.path.join(WORKDIR, "tour_timing.json"), "w") as f:
   json.dump(timing, f, indent=1)
 print(json.dumps(timing, indent=1))

@@ -20,6 +20,7 @@ seven shapes compile). Evaluation runs every round; the experiment keeps
 only the evaluations on the on-policy study's grid (about every 2,048
 rollouts), so adaptive and fixed runs are judged on the same grid.
 """
+
 import functools
 import json
 import os
@@ -30,10 +31,10 @@ from configs import batch_law
 
 SIGNALS = controller.SIGNALS
 VARIANTS = SIGNALS + ("quick",) + tuple(f"quick_{s}" for s in SIGNALS)
-MIN_PROMPTS, MAX_PROMPTS = 8, 512     # N = 128 ... 8,192 at K = 16
-START_PROMPTS = 16                    # N = 256: the config default (configs/default.py)
-EVERY = 5                             # rounds between decisions
-MAX_ROUNDS = 3000                     # a cap; runs stop at the highest target
+MIN_PROMPTS, MAX_PROMPTS = 8, 512  # N = 128 ... 8,192 at K = 16
+START_PROMPTS = 16  # N = 256: the config default (configs/default.py)
+EVERY = 5  # rounds between decisions
+MAX_ROUNDS = 3000  # a cap; runs stop at the highest target
 # B_crit / B_noise at K = 16, read from the committed on-policy study
 # (B_CRIT_FITS under the repository root, ``batch_law.calibration_from_fits``
 # at the main target 0.54): B_crit = 4,698 [4,122, 5,380] rollouts over
@@ -44,7 +45,7 @@ MAX_ROUNDS = 3000                     # a cap; runs stop at the highest target
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 B_CRIT_FITS = "experiments/results/batch_law_on_policy/batch_law_on_policy_fits.json"
 B_CRIT_TARGET = batch_law.TARGETS[len(batch_law.TARGETS) // 2]  # the main target, 0.54
-EVAL_GRID = 2048                      # rollouts between the evaluations that count
+EVAL_GRID = 2048  # rollouts between the evaluations that count
 QUICK_EVAL_GRID = 32
 
 
@@ -59,7 +60,8 @@ def b_crit_calibration(root: str = REPO_ROOT) -> dict:
     raise FileNotFoundError(
         f"configs/adaptive_batch.py reads B_crit / B_noise from the on-policy study's fits "
         f"{path}, which is missing: run experiments/batch_law_on_policy.py, or use the "
-        "configs of a checkout that holds experiments/results")
+        "configs of a checkout that holds experiments/results"
+    )
   with open(path) as f:
     return batch_law_lib.calibration_from_fits(json.load(f), B_CRIT_TARGET)
 
@@ -68,16 +70,16 @@ def get_config(arg="b_noise"):
   if arg not in VARIANTS:
     raise ValueError(f"unknown adaptive_batch variant {arg!r}; known: {VARIANTS}")
   quick = arg.startswith("quick")
-  signal = arg[len("quick_"):] if arg.startswith("quick_") else ("b_noise" if quick else arg)
+  signal = arg[len("quick_") :] if arg.startswith("quick_") else ("b_noise" if quick else arg)
   c = batch_law.get_config("quick" if quick else "on")
-  c.noise.split_every = 1                 # the tracker the controller reads, every round
+  c.noise.split_every = 1  # the tracker the controller reads, every round
   c.batch.schedule = "adaptive"
   c.batch.adaptive_signal = signal
-  c.batch.adaptive_factor = 1.0           # N = the signal (b_crit: the calibrated B_crit)
+  c.batch.adaptive_factor = 1.0  # N = the signal (b_crit: the calibrated B_crit)
   c.batch.adaptive_b_crit_ratio = b_crit_calibration()["ratio"]  # ~0.968
   c.batch.adaptive_hysteresis = 1.25
   c.batch.adaptive_z = 2.0
-  c.train.eval_every = 1                  # the experiment keeps the evals on its grid
+  c.train.eval_every = 1  # the experiment keeps the evals on its grid
   if quick:  # the quick sweep's N = 8 ... 32 (K = 4): P = 2 ... 8, start at P = 4;
     # a looser controller (1-SE interval, no hysteresis widening, short memory)
     # so that 12 rounds of 16 rollouts exercise its moves: a smoke test only
@@ -91,7 +93,7 @@ def get_config(arg="b_noise"):
     c.batch.num_prompts = START_PROMPTS
     c.batch.adaptive_min_prompts, c.batch.adaptive_max_prompts = MIN_PROMPTS, MAX_PROMPTS
     c.batch.adaptive_every = EVERY
-    c.noise.ema_decay = 0.99              # memory ~100 rounds: G2 needs ~25k pooled rollouts
+    c.noise.ema_decay = 0.99  # memory ~100 rounds: G2 needs ~25k pooled rollouts
     c.train.num_rounds = MAX_ROUNDS
   return c
 

@@ -25,6 +25,7 @@ trace_intra to ~1e-7 relative (tests/test_sharding.py, CBS_JAX_SLOW=1).
 ``get_config("bf16")``: the same with bfloat16 parameters and compute (float32
 master weights and Adam moments, see cbs_jax/precision.py).
 """
+
 from cbs_jax import config as config_lib
 
 
@@ -40,7 +41,7 @@ def get_config(arg=None):
   m.num_heads = 8
   m.num_kv_heads = 4
   m.d_ff = 1536
-  m.max_len = 24           # prompt "99+99=" + BOS, completion "198" + EOS, with room
+  m.max_len = 24  # prompt "99+99=" + BOS, completion "198" + EOS, with room
 
   c.sft.steps = 40
   c.sft.batch_size = 32
@@ -48,13 +49,13 @@ def get_config(arg=None):
   c.sft.warmup_steps = 5
   c.sft.eval_every = 0
 
-  c.batch.num_prompts = 8           # P
-  c.batch.rollouts_per_prompt = 8   # K -> N = 64 rollouts per round
+  c.batch.num_prompts = 8  # P
+  c.batch.rollouts_per_prompt = 8  # K -> N = 64 rollouts per round
   c.optim.lr = 1e-4
   c.optim.ref_batch = 64
 
   c.train.num_rounds = 3
-  c.train.eval_every = 0            # start and end only
+  c.train.eval_every = 0  # start and end only
   c.train.eval_prompts = 64
   c.train.checkpoint_every = 3
   c.train.progress = False

@@ -18,21 +18,22 @@ held-out split every ``eval_every(N)`` rounds and stops at the highest
 target or at its rollout budget. A pod run changes the model, the task and
 the mesh here and keeps the rest.
 """
+
 import math
 
 from configs import default
 
 K = 16
-NS = tuple(2 ** i for i in range(6, 15))          # 64 ... 16,384 rollouts per round
+NS = tuple(2**i for i in range(6, 15))  # 64 ... 16,384 rollouts per round
 SEEDS = (0, 1, 2)
-TARGETS = (0.50, 0.54, 0.58)                      # exact expected pass (base ~0.44)
-LR0 = 3e-4                                        # at ref_batch = 256 rollouts per update
-MAX_ROLLOUTS = 2_000_000                          # per run: the budget cap
+TARGETS = (0.50, 0.54, 0.58)  # exact expected pass (base ~0.44)
+LR0 = 3e-4  # at ref_batch = 256 rollouts per update
+MAX_ROLLOUTS = 2_000_000  # per run: the budget cap
 MAX_ROUNDS = 6000
 SHAPE_NS = (1024, 4096)
-SHAPE_KS = (2, 4, 64)                             # K = 16: the on-policy runs
-LR_NS = (64, 256, 1024, 4096, 16384)              # lr rules: every other N of the grid
-COLLAPSED = 0.30                                  # lr rules: stop a run that falls below
+SHAPE_KS = (2, 4, 64)  # K = 16: the on-policy runs
+LR_NS = (64, 256, 1024, 4096, 16384)  # lr rules: every other N of the grid
+COLLAPSED = 0.30  # lr rules: stop a run that falls below
 QUICK_ROUNDS = 12
 VARIANTS = ("on", "off4", "off8", "lr_constant", "lr_linear", "shape", "quick")
 
@@ -41,13 +42,13 @@ def get_config(arg="on"):
   if arg not in VARIANTS:
     raise ValueError(f"unknown batch_law variant {arg!r}; known: {VARIANTS}")
   c = default.get_config("smoke" if arg == "quick" else None)
-  c.sft.base_dir = "../sft_base"       # shared by every run of the sweep root
+  c.sft.base_dir = "../sft_base"  # shared by every run of the sweep root
   c.batch.rollouts_per_prompt = 4 if arg == "quick" else K
-  c.noise.split_every = 0              # B_noise is measured separately (measure.py)
+  c.noise.split_every = 0  # B_noise is measured separately (measure.py)
   c.optim.lr = LR0
   c.optim.lr_rule = {"lr_constant": "constant", "lr_linear": "linear"}.get(arg, "sqrt")
   c.optim.ref_batch = 256
-  c.train.eval_sampled = False         # the exact expected pass rate is the metric
+  c.train.eval_sampled = False  # the exact expected pass rate is the metric
   c.train.stop_at_pass_rate = max(targets(arg))
   c.train.checkpoint_every = 100
   c.train.progress = False
@@ -76,19 +77,28 @@ def eval_every(N: int) -> int:
 def sweep(arg="on"):
   """The runs of study ``arg``: a list of override dicts for cbs_jax.sweep."""
   if arg == "quick":
-    return [{"batch.num_prompts": n, "seed": s, "train.eval_every": 2,
-             "train.num_rounds": QUICK_ROUNDS} for n in (2, 4, 8) for s in SEEDS]
+    return [
+        {"batch.num_prompts": n, "seed": s, "train.eval_every": 2, "train.num_rounds": QUICK_ROUNDS}
+        for n in (2, 4, 8)
+        for s in SEEDS
+    ]
   if arg == "shape":
     grid = [(N, k) for N in SHAPE_NS for k in SHAPE_KS]
   elif arg.startswith("lr_"):
     grid = [(N, K) for N in LR_NS]
   else:
     m = {"off4": 4, "off8": 8}.get(arg, 1)
-    grid = [(N, K) for N in NS if N // K >= m]   # at least one prompt per minibatch
+    grid = [(N, K) for N in NS if N // K >= m]  # at least one prompt per minibatch
   runs = []
   for N, k in grid:
     for s in SEEDS:
-      runs.append({"batch.num_prompts": N // k, "batch.rollouts_per_prompt": k, "seed": s,
-                   "train.eval_every": eval_every(N),
-                   "train.num_rounds": min(MAX_ROUNDS, math.ceil(MAX_ROLLOUTS / N))})
+      runs.append(
+          {
+              "batch.num_prompts": N // k,
+              "batch.rollouts_per_prompt": k,
+              "seed": s,
+              "train.eval_every": eval_every(N),
+              "train.num_rounds": min(MAX_ROUNDS, math.ceil(MAX_ROLLOUTS / N)),
+          }
+      )
   return runs

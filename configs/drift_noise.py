@@ -22,6 +22,7 @@ tr Sigma_inter, |G|^2) at every update on that update's minibatch
   dualclip     PPO 0.2 with dual clip c = 3      }
   quick        a tiny pg4 for the test suite
 """
+
 import re
 
 from configs import default
@@ -30,16 +31,16 @@ REUSE = (2, 4, 8, 16)
 CLIP_VARIANTS = ("clip0.2", "clip10", "asym", "cispo", "dualclip")
 ABLATION_UPDATES = 8
 SEEDS = (0, 1, 2)
-ROUNDS = 60           # drift_noise runs (one seed)
+ROUNDS = 60  # drift_noise runs (one seed)
 ABLATION_ROUNDS = 80  # clipping ablation runs
 
 
 def get_config(arg="clip8"):
   c = default.get_config("smoke" if arg == "quick" else None)
-  c.sft.base_dir = "../sft_base"       # runs live in <root>/<variant>: one base per root
+  c.sft.base_dir = "../sft_base"  # runs live in <root>/<variant>: one base per root
   c.batch.num_prompts, c.batch.rollouts_per_prompt = 64, 16
   c.batch.num_epochs = 1
-  c.drift.probe_prompts = 8            # 128 probe rollouts per round
+  c.drift.probe_prompts = 8  # 128 probe rollouts per round
   c.noise.split_every = 0
   c.noise.chunk_prompts = 2
   c.train.eval_every, c.train.checkpoint_every = 20, 20
@@ -71,8 +72,10 @@ def get_config(arg="clip8"):
     return c
   match = re.fullmatch(r"(pg|clip)(\d+)", arg)
   if not match or int(match.group(2)) not in REUSE:
-    raise ValueError(f"unknown drift_noise variant {arg!r}; known: pg<m>, clip<m> "
-                     f"(m in {REUSE}), {CLIP_VARIANTS}, quick")
+    raise ValueError(
+        f"unknown drift_noise variant {arg!r}; known: pg<m>, clip<m> "
+        f"(m in {REUSE}), {CLIP_VARIANTS}, quick"
+    )
   kind, m = match.group(1), int(match.group(2))
   c.batch.num_minibatches = m
   c.noise.drift_every = 1

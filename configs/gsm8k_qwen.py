@@ -45,6 +45,7 @@ Choices:
   all); ``--config.mesh.fsdp=4 --config.mesh.data=-1`` keeps FSDP within
   groups of 4, ``--config.mesh.tensor=2`` adds tensor parallelism.
 """
+
 import ml_collections
 
 from cbs_jax.tasks import gsm8k
@@ -64,26 +65,26 @@ def get_config(arg=None):
     # replaces arithmetic's kwargs: GSM8KTask takes the data file only
     c.task.kwargs = ml_collections.ConfigDict({"path": DATA_PATH})
 
-  m = c.model                 # Qwen2.5-0.5B (hf.model_config_from_hf of its config.json)
-  m.vocab_size = 151936       # must match config.json (train.prepare checks every field)
+  m = c.model  # Qwen2.5-0.5B (hf.model_config_from_hf of its config.json)
+  m.vocab_size = 151936  # must match config.json (train.prepare checks every field)
   m.d_model = 896
   m.num_layers = 24
   m.num_heads = 14
   m.num_kv_heads = 2
-  m.head_dim = 0              # = 896 / 14 = 64
+  m.head_dim = 0  # = 896 / 14 = 64
   m.d_ff = 4864
-  m.max_len = 1024            # prompt + completion tokens (train.prepare checks the layout)
+  m.max_len = 1024  # prompt + completion tokens (train.prepare checks the layout)
   m.rope_theta = 1_000_000.0
   m.rope_scaling = ""
   m.norm_eps = 1e-6
   m.qkv_bias = True
   m.qk_norm = False
   m.tie_embeddings = True
-  m.dtype = "bfloat16"        # compute
+  m.dtype = "bfloat16"  # compute
   m.param_dtype = "bfloat16"  # stored parameters; float32 master + Adam moments
 
   c.sampling.temperature = 1.0
-  c.sampling.max_new_tokens = 512   # completion tokens (0 = the file's longest solution + 1)
+  c.sampling.max_new_tokens = 512  # completion tokens (0 = the file's longest solution + 1)
 
   c.rl.algo = "grpo"
   c.rl.advantage = "grpo"
@@ -93,11 +94,11 @@ def get_config(arg=None):
   c.rl.clip_eps_high = 0.2
   c.rl.kl_beta = 0.0
 
-  c.batch.num_prompts = 64          # P
+  c.batch.num_prompts = 64  # P
   c.batch.rollouts_per_prompt = 16  # K -> N = 1,024 rollouts per round
   c.batch.num_minibatches = 1
 
-  c.optim.lr = 1e-6                 # at ref_batch rollouts
+  c.optim.lr = 1e-6  # at ref_batch rollouts
   c.optim.ref_batch = 1024
   c.optim.lr_rule = "sqrt"
   c.optim.warmup_steps = 10
@@ -105,10 +106,10 @@ def get_config(arg=None):
 
   c.train.num_rounds = 500
   c.train.eval_every = 50
-  c.train.eval_prompts = 512        # pass@1 SE ~0.02
-  c.train.eval_expected = False     # GSM8K answers are not enumerable
+  c.train.eval_prompts = 512  # pass@1 SE ~0.02
+  c.train.eval_expected = False  # GSM8K answers are not enumerable
   c.train.checkpoint_every = 25
-  c.train.progress = False          # pod logs, not a console
+  c.train.progress = False  # pod logs, not a console
 
   c.noise.split_every = 1
   c.noise.exact_every = 0
@@ -120,9 +121,9 @@ def get_config(arg=None):
 
   if arg == "smoke":
     c.task.kwargs.path = gsm8k.DEFAULT_PATH
-    m.vocab_size = 512          # the tiny checkpoint's (its tokenizer has fewer ids)
+    m.vocab_size = 512  # the tiny checkpoint's (its tokenizer has fewer ids)
     m.d_model, m.num_layers, m.num_heads, m.num_kv_heads, m.d_ff = 64, 2, 4, 2, 96
-    c.sampling.max_new_tokens = 0   # the committed examples' longest solution + 1
+    c.sampling.max_new_tokens = 0  # the committed examples' longest solution + 1
     c.batch.num_prompts, c.batch.rollouts_per_prompt = 4, 4
     c.train.num_rounds, c.train.eval_prompts = 2, 8
   elif arg:

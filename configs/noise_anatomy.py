@@ -16,6 +16,7 @@ the base and at the end:
              of ~0.1M
   quick      a tiny "mixed" for the test suite
 """
+
 from configs import default
 
 VARIANTS = ("mixed", "homog", "steps", "countdown", "large", "quick")
@@ -26,8 +27,8 @@ def get_config(variant="mixed"):
   if variant not in VARIANTS:
     raise ValueError(f"unknown noise_anatomy variant {variant!r}; known: {VARIANTS}")
   c = default.get_config("smoke" if variant == "quick" else None)
-  c.sft.base_dir = "../sft_base"      # each variant its own base, beside its run
-  c.noise.split_every = 1             # the tracker, for the figure over training
+  c.sft.base_dir = "../sft_base"  # each variant its own base, beside its run
+  c.noise.split_every = 1  # the tracker, for the figure over training
   c.train.num_rounds = ROUNDS
   c.train.eval_every = 50
   c.train.checkpoint_every = 100
@@ -37,7 +38,7 @@ def get_config(variant="mixed"):
   elif variant == "steps":
     with c.task.kwargs.unlocked():
       c.task.kwargs.solution_format = "steps"
-    c.train.eval_expected = False       # free-form worked text: sampled pass rate
+    c.train.eval_expected = False  # free-form worked text: sampled pass rate
   elif variant == "countdown":
     c.task.name = "countdown"
     with c.task.unlocked():

@@ -9,6 +9,7 @@ unclipped), asym (0.2 / 0.28), cispo (clipped IS weight, stop-gradient),
 dualclip (PPO 0.2 with dual clip c = 3). The SFT base is the default run's
 (``runs/default/sft_base``); it is built there if missing.
 """
+
 from configs import default
 
 VARIANTS = ("clip0.2", "clip10", "asym", "cispo", "dualclip")
@@ -17,15 +18,15 @@ VARIANTS = ("clip0.2", "clip10", "asym", "cispo", "dualclip")
 def get_config(arg="clip0.2"):
   c = default.get_config()
   c.sft.base_dir = "../default/sft_base"  # shared with the default run
-  c.batch.num_prompts = 64          # P: N = 64 * 16 = 1024 rollouts per round
+  c.batch.num_prompts = 64  # P: N = 64 * 16 = 1024 rollouts per round
   c.batch.rollouts_per_prompt = 16
-  c.batch.num_minibatches = 4       # 256 rollouts per update
-  c.batch.num_epochs = 2            # 8 updates per generation round
-  c.optim.lr = 5e-4                 # at 256 rollouts per update (ref_batch)
+  c.batch.num_minibatches = 4  # 256 rollouts per update
+  c.batch.num_epochs = 2  # 8 updates per generation round
+  c.optim.lr = 5e-4  # at 256 rollouts per update (ref_batch)
   c.train.num_rounds = 60
   c.train.eval_every = 20
-  c.noise.split_every = 1           # split estimate on each round's first update
-  c.noise.drift_every = 1           # per-update exact trace_intra on the old rollouts
+  c.noise.split_every = 1  # split estimate on each round's first update
+  c.noise.drift_every = 1  # per-update exact trace_intra on the old rollouts
   c.noise.chunk_prompts = 4
   if arg == "clip0.2":
     c.rl.clip_eps_low = c.rl.clip_eps_high = 0.2

@@ -7,6 +7,7 @@ base is right on average but puts real mass on wrong answers); held-out
 sampled pass@1 lands around 0.4 (greedy ~0.75), inside the 0.2-0.6 band that
 leaves RL room and gives groups mixed rewards. ~1-2 minutes on 2 CPU cores.
 """
+
 from configs import default
 
 

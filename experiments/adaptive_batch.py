@@ -49,6 +49,7 @@ Writes <out>/adaptive_batch/: the table (.md, .csv), ``_runs.csv`` (one line
 per run), ``_n_<signal>.png`` (N over training beside the signal and its
 interval, seed 0), ``_curves.png`` (learning curves per arm), manifest.json.
 """
+
 from __future__ import annotations
 
 import functools
@@ -75,40 +76,53 @@ from configs import adaptive_batch
 from configs import batch_law
 
 NAME = "adaptive_batch"
-NEAR = 1.10       # the goal: within 10% of the best fixed N
+NEAR = 1.10  # the goal: within 10% of the best fixed N
 LEVEL = 0.9
 
 
 def parse_args(argv=None):
-  ap = study_runner.parser(__doc__, NAME, "sweep root of the adaptive runs",
-                           on_root_help="the on-policy study's sweep root: its finished runs are "
-                                        "the fixed arms")
-  ap.add_argument("--throughput",
-                  default="experiments/results/throughput_decision/throughput.json",
-                  help='JSON of per-N rates, {"N": [...], "rollouts_per_s": [...]} (or a list '
-                       "of such records); absent: rollouts only")
-  ap.add_argument("--fits", default=adaptive_batch.B_CRIT_FITS,
-                  help="the on-policy study's fits (B_crit / B_noise for the b_crit signal)")
-  ap.add_argument("--signals", default=",".join(adaptive_batch.SIGNALS),
-                  help="controller signals to run, comma-separated")
-  ap.add_argument("--seeds", default=None,
-                  help="seeds (replicates), comma-separated (default 0,1,2; --quick: 0,1)")
+  ap = study_runner.parser(
+      __doc__,
+      NAME,
+      "sweep root of the adaptive runs",
+      on_root_help="the on-policy study's sweep root: its finished runs are " "the fixed arms",
+  )
+  ap.add_argument(
+      "--throughput",
+      default="experiments/results/throughput_decision/throughput.json",
+      help='JSON of per-N rates, {"N": [...], "rollouts_per_s": [...]} (or a list '
+      "of such records); absent: rollouts only",
+  )
+  ap.add_argument(
+      "--fits",
+      default=adaptive_batch.B_CRIT_FITS,
+      help="the on-policy study's fits (B_crit / B_noise for the b_crit signal)",
+  )
+  ap.add_argument(
+      "--signals",
+      default=",".join(adaptive_batch.SIGNALS),
+      help="controller signals to run, comma-separated",
+  )
+  ap.add_argument(
+      "--seeds",
+      default=None,
+      help="seeds (replicates), comma-separated (default 0,1,2; --quick: 0,1)",
+  )
   ap.add_argument("--small_n", type=int, default=0, help="small fixed N (0: the grid's least)")
-  ap.add_argument("--large_n", type=int, default=0,
-                  help="large fixed N (0: the grid's largest)")
+  ap.add_argument("--large_n", type=int, default=0, help="large fixed N (0: the grid's largest)")
   args = study_runner.parse(ap, argv)
   args.signals = [s for s in args.signals.split(",") if s]
   bad = [s for s in args.signals if s not in adaptive_batch.SIGNALS]
   if bad or not args.signals:
     ap.error(f"--signals: unknown {bad}; known: {list(adaptive_batch.SIGNALS)}")
-  args.seeds = [int(s) for s in (args.seeds or ("0,1" if args.quick else "0,1,2")).split(",")
-                if s]
+  args.seeds = [int(s) for s in (args.seeds or ("0,1" if args.quick else "0,1,2")).split(",") if s]
   if len(set(args.seeds)) < 2:
     ap.error("--seeds: need at least two seeds for an interval (three for the study)")
   return args
 
 
 # ------------------------------------------------------------------ throughput
+
 
 def load_throughput(path: str | None):
   """``{N: rollouts/s}`` from the benchmark's JSON, or None when absent."""
@@ -146,6 +160,7 @@ class Rate:
 
 # ------------------------------------------------------------------ runs
 
+
 def run_on_grid(config, workdir, grid: int):
   """``train.train_and_evaluate`` evaluating only at round 0 and at the first
   round whose rollouts reach each multiple of ``grid`` (the config evaluates
@@ -181,8 +196,11 @@ def run_record(row: dict, arm: str, targets, rate: Rate | None) -> dict:
         sec += r["batch_size"] / rate(r["batch_size"])
       traj["rounds"].append(r["round"])
       traj["N"].append(r["batch_size"])
-      for k, f in (("signal", "adaptive/signal"), ("lo", "adaptive/signal_lo"),
-                   ("hi", "adaptive/signal_hi")):
+      for k, f in (
+          ("signal", "adaptive/signal"),
+          ("lo", "adaptive/signal_lo"),
+          ("hi", "adaptive/signal_hi"),
+      ):
         v = r.get(f)
         traj[k].append(math.nan if v is None else (math.inf if v == "inf" else float(v)))
     v = study.score_of(r)
@@ -194,11 +212,21 @@ def run_record(row: dict, arm: str, targets, rate: Rate | None) -> dict:
     curve["value"].append(v)
   curve = {k: np.asarray(v, np.float64) for k, v in curve.items()}
   xs = ("rounds", "rollouts") + (("seconds",) if rate is not None else ())
-  to = {float(t): {x: batch_law_lib.steps_to_target(curve[x], curve["value"], t) for x in xs}
-        for t in targets}
+  to = {
+      float(t): {x: batch_law_lib.steps_to_target(curve[x], curve["value"], t) for x in xs}
+      for t in targets
+  }
   o = row["overrides"]
-  return dict(arm=arm, name=row["name"], seed=o.get("seed", 0), curve=curve, traj=traj,
-              to_target=to, N_visited=sorted(set(traj["N"])), summary=row.get("summary", {}))
+  return dict(
+      arm=arm,
+      name=row["name"],
+      seed=o.get("seed", 0),
+      curve=curve,
+      traj=traj,
+      to_target=to,
+      N_visited=sorted(set(traj["N"])),
+      summary=row.get("summary", {}),
+  )
 
 
 def _ratio_of_means(num, den, axis=-1):
@@ -215,9 +243,16 @@ def ratio_of_means_interval(num, den, level=LEVEL, n_boot=4000, seed=0):
   a, b = np.asarray(num, np.float64), np.asarray(den, np.float64)
   if not b.min() > 0:  # the reference was at the target before its first update
     return None, None, None
-  boot = sps.bootstrap((a, b), _ratio_of_means, n_resamples=n_boot, vectorized=True,
-                       paired=False, confidence_level=level, method="percentile",
-                       random_state=np.random.default_rng(seed))
+  boot = sps.bootstrap(
+      (a, b),
+      _ratio_of_means,
+      n_resamples=n_boot,
+      vectorized=True,
+      paired=False,
+      confidence_level=level,
+      method="percentile",
+      random_state=np.random.default_rng(seed),
+  )
   ci = boot.confidence_interval
   return float(a.mean() / b.mean()), float(ci.low), float(ci.high)
 
@@ -234,37 +269,61 @@ def verdict(ratio, lo, hi, threshold, better: str) -> str:
 
 # ------------------------------------------------------------------ main
 
+
 def b_crit_ratio(args, main_t):
   """The b_crit signal's ratio and a sentence saying where it came from."""
   default = adaptive_batch.b_crit_calibration()["ratio"]
   if args.quick or not os.path.exists(args.fits):
     why = "quick mode" if args.quick else f"{args.fits} not found"
-    return default, (f"B_crit / B_noise = {default:.3f}, the committed default in "
-                     f"configs/adaptive_batch.py ({why})"), None
+    return (
+        default,
+        (
+            f"B_crit / B_noise = {default:.3f}, the committed default in "
+            f"configs/adaptive_batch.py ({why})"
+        ),
+        None,
+    )
   with open(args.fits) as f:
     doc = json.load(f)
   try:
     cal = batch_law_lib.calibration_from_fits(doc, main_t)
   except ValueError as e:
-    return default, (f"B_crit / B_noise = {default:.3f}, the committed default "
-                     f"(configs/adaptive_batch.py): {args.fits}: {e}"), None
+    return (
+        default,
+        (
+            f"B_crit / B_noise = {default:.3f}, the committed default "
+            f"(configs/adaptive_batch.py): {args.fits}: {e}"
+        ),
+        None,
+    )
   if not cal["resolved"]:
-    return default, (f"B_crit / B_noise = {default:.3f}, the committed default "
-                     f"(configs/adaptive_batch.py): the fit in {args.fits} at {main_t} is "
-                     f"unresolved (its ratio {cal['ratio']:.3f} [{cal['lo']:.3g}, "
-                     f"{cal['hi']:.3g}] not used)"), cal
-  return cal["ratio"], (f"B_crit / B_noise = {cal['ratio']:.3f} [{cal['lo']:.3g}, "
-                        f"{cal['hi']:.3g}] from {args.fits} (B_crit {cal['b_crit']:.4g} at "
-                        f"{main_t}, B_noise {cal['b_noise']:.4g} ± {cal['b_noise_se']:.2g}); "
-                        "the controller uses the point ratio"), cal
+    return (
+        default,
+        (
+            f"B_crit / B_noise = {default:.3f}, the committed default "
+            f"(configs/adaptive_batch.py): the fit in {args.fits} at {main_t} is "
+            f"unresolved (its ratio {cal['ratio']:.3f} [{cal['lo']:.3g}, "
+            f"{cal['hi']:.3g}] not used)"
+        ),
+        cal,
+    )
+  return (
+      cal["ratio"],
+      (
+          f"B_crit / B_noise = {cal['ratio']:.3f} [{cal['lo']:.3g}, "
+          f"{cal['hi']:.3g}] from {args.fits} (B_crit {cal['b_crit']:.4g} at "
+          f"{main_t}, B_noise {cal['b_noise']:.4g} ± {cal['b_noise_se']:.2g}); "
+          "the controller uses the point ratio"
+      ),
+      cal,
+  )
 
 
 def fixed_rows(args, tgt):
   """The on-policy study's finished runs (quick: run its quick sweep)."""
   if args.quick:
     c = batch_law.get_config("quick")
-    over = [dict(o, seed=s) for o in batch_law.sweep("quick") if o["seed"] == 0
-            for s in args.seeds]
+    over = [dict(o, seed=s) for o in batch_law.sweep("quick") if o["seed"] == 0 for s in args.seeds]
     return c, study_runner.run_study(c, over, args.on_root, workers=args.workers)
   c = batch_law.get_config("on")
   over = [o for o in batch_law.sweep("on") if o["seed"] in args.seeds]
@@ -301,12 +360,18 @@ def main(argv=None):
     best_n, best_note = None, f"no fixed N reached {main_t} with every seed"
   else:
     best_n = min(reached, key=reached.get)
-    best_note = (f"best fixed N in hindsight = {best_n} (least mean "
-                 f"{'wall clock' if rate else 'rollouts'} to {main_t} over the grid "
-                 f"{grid_ns})")
+    best_note = (
+        f"best fixed N in hindsight = {best_n} (least mean "
+        f"{'wall clock' if rate else 'rollouts'} to {main_t} over the grid "
+        f"{grid_ns})"
+    )
   default_n = c_on.batch.num_prompts * K
-  choose = {"small": args.small_n or grid_ns[0], "default": default_n, "best": best_n,
-            "large": args.large_n or grid_ns[-1]}
+  choose = {
+      "small": args.small_n or grid_ns[0],
+      "default": default_n,
+      "best": best_n,
+      "large": args.large_n or grid_ns[-1],
+  }
   missing = {k: n for k, n in choose.items() if n is not None and n not in by_n}
   if missing:
     raise SystemExit(f"fixed arms {missing} are not N of the on-policy grid {grid_ns}")
@@ -325,8 +390,9 @@ def main(argv=None):
   over = [{"batch.adaptive_signal": s, "seed": sd} for s in args.signals for sd in args.seeds]
   grid = adaptive_batch.eval_grid(arg)
   study_runner.prepare_base(c, args.root)
-  ad_rows = sweep.run_sweep(c, over, args.root, workers=args.workers,
-                            run_fn=functools.partial(run_on_grid, grid=grid))
+  ad_rows = sweep.run_sweep(
+      c, over, args.root, workers=args.workers, run_fn=functools.partial(run_on_grid, grid=grid)
+  )
   for s in args.signals:
     rows = [r for r in ad_rows if r["overrides"]["batch.adaptive_signal"] == s]
     arms[f"adaptive {s}"] = [run_record(r, f"adaptive {s}", tgt, rate) for r in rows]
@@ -342,57 +408,83 @@ def main(argv=None):
     d = dict(arm=name, seeds=len(recs), N=", ".join(str(n) for n in ns))
     for t in tgt:
       t = float(t)
-      d[f"reached@{t}"] = f"{sum(r['to_target'][t]['rounds'] is not None for r in recs)}" \
-                          f"/{len(recs)}"
+      d[f"reached@{t}"] = (
+          f"{sum(r['to_target'][t]['rounds'] is not None for r in recs)}" f"/{len(recs)}"
+      )
       for x, lab in xs:
         iv = study.seed_interval([r["to_target"][t][x] for r in recs], LEVEL)
         d[f"{lab}@{t}"] = stats.fmt(iv["mean"], iv["lo"], iv["hi"])
     vals = lambda rs: [r["to_target"][main_t][x_main] for r in rs]
-    for ref_name, ref, thr, better in (("best", ref_best, NEAR, "within 10% of the best"),
-                                       ("default", ref_default, 1.0, "faster than default")):
+    for ref_name, ref, thr, better in (
+        ("best", ref_best, NEAR, "within 10% of the best"),
+        ("default", ref_default, 1.0, "faster than default"),
+    ):
       if ref is None:
         d[f"vs {ref_name}"] = "–"
         continue
       rr, lo, hi = ratio_of_means_interval(vals(recs), vals(ref))
       d[f"vs {ref_name}"] = stats.fmt(rr, lo, hi) if rr is not None else "–"
       if name.startswith("adaptive"):
-        verdicts.append(f"- {name} vs fixed {ref_name}: {x_main}-to-{main_t} ratio "
-                        f"{d[f'vs {ref_name}']} -> {verdict(rr, lo, hi, thr, better)}")
+        verdicts.append(
+            f"- {name} vs fixed {ref_name}: {x_main}-to-{main_t} ratio "
+            f"{d[f'vs {ref_name}']} -> {verdict(rr, lo, hi, thr, better)}"
+        )
     table.append(d)
     for r in recs:
-      pr = dict(arm=name, name=r["name"], seed=r["seed"],
-                N_visited=" ".join(str(n) for n in r["N_visited"]),
-                rounds=r["summary"].get("rounds"), stopped_at_target=r["summary"].get(
-                    "stopped_at_target"))
+      pr = dict(
+          arm=name,
+          name=r["name"],
+          seed=r["seed"],
+          N_visited=" ".join(str(n) for n in r["N_visited"]),
+          rounds=r["summary"].get("rounds"),
+          stopped_at_target=r["summary"].get("stopped_at_target"),
+      )
       for t in tgt:
         for x in ("rounds", "rollouts") + (("seconds",) if rate else ()):
           pr[f"{x}@{float(t)}"] = r["to_target"][float(t)][x]
       per_run.append(pr)
-  cols = ["arm", "N", "seeds"] + [f"{k}@{float(t)}" for t in tgt for k in
-                                  [lab for _, lab in xs] + ["reached"]] + ["vs best", "vs default"]
-  notes = [f"Target metric: held-out exact expected pass rate; main target {main_t}. "
-           f"Ratios: mean {x_main}-to-{main_t} of the arm over the fixed arm's, 90% bootstrap "
-           "interval (seeds resampled within each arm); other cells: mean [90% t-interval] "
-           "over seeds.", "",
-           "Verdicts (issue 15's goal: within 10% of the best fixed N, faster than the "
-           "default):", *verdicts, "",
-           f"- {best_note}.",
-           f"- b_crit signal: {ratio_note}.",
-           "- Wall clock: " + (
-               f"modelled from {args.throughput} (N / rate(N) per round; the compile of "
-               "each new shape an adaptive run visits is not counted)"
-               + (f"; N outside its measured range {sorted(rate.outside)} use the nearest end"
-                  if rate.outside else "")
-               if rate else f"no throughput file ({args.throughput} not found): rollouts "
-               "only"),
-           f"- Evaluations every {grid} rollouts (adaptive: first round past each multiple; "
-           "fixed: the on-policy study's eval_every(N)).",
-           f"- Command: `{' '.join(['python'] + sys.argv)}`."]
+  cols = (
+      ["arm", "N", "seeds"]
+      + [f"{k}@{float(t)}" for t in tgt for k in [lab for _, lab in xs] + ["reached"]]
+      + ["vs best", "vs default"]
+  )
+  notes = [
+      f"Target metric: held-out exact expected pass rate; main target {main_t}. "
+      f"Ratios: mean {x_main}-to-{main_t} of the arm over the fixed arm's, 90% bootstrap "
+      "interval (seeds resampled within each arm); other cells: mean [90% t-interval] "
+      "over seeds.",
+      "",
+      "Verdicts (issue 15's goal: within 10% of the best fixed N, faster than the " "default):",
+      *verdicts,
+      "",
+      f"- {best_note}.",
+      f"- b_crit signal: {ratio_note}.",
+      "- Wall clock: "
+      + (
+          f"modelled from {args.throughput} (N / rate(N) per round; the compile of "
+          "each new shape an adaptive run visits is not counted)"
+          + (
+              f"; N outside its measured range {sorted(rate.outside)} use the nearest end"
+              if rate.outside
+              else ""
+          )
+          if rate
+          else f"no throughput file ({args.throughput} not found): rollouts " "only"
+      ),
+      f"- Evaluations every {grid} rollouts (adaptive: first round past each multiple; "
+      "fixed: the on-policy study's eval_every(N)).",
+      f"- Command: `{' '.join(['python'] + sys.argv)}`.",
+  ]
   out = report.Results(NAME, root=args.out)
-  out.table(table, cols, title=f"Adaptive vs fixed batch size (GRPO, arithmetic, K = {K})",
-            notes="\n".join(notes))
+  out.table(
+      table,
+      cols,
+      title=f"Adaptive vs fixed batch size (GRPO, arithmetic, K = {K})",
+      notes="\n".join(notes),
+  )
   if per_run:
     import csv  # pylint: disable=import-outside-toplevel
+
     with open(out.path("_runs.csv"), "w", newline="") as f:
       w = csv.DictWriter(f, fieldnames=list(dict.fromkeys(k for r in per_run for k in r)))
       w.writeheader()
@@ -406,11 +498,19 @@ def main(argv=None):
     ok = [math.isfinite(h) and lo > 0 for lo, h in zip(tr["lo"], tr["hi"])]
     lo = [v if k else math.nan for v, k in zip(tr["lo"], ok)]
     hi = [v if k else math.nan for v, k in zip(tr["hi"], ok)]
-    plots.save(plots.adaptive_batch(
-        tr["rounds"], tr["N"], tr["signal"], lo, hi,
-        title=f"adaptive N, signal {s} (seed {recs[0]['seed']}; band: its interval where "
-              "resolved)",
-        signal_label=f"{s} (rollouts)"), out.path(f"_n_{s}.png"))
+    plots.save(
+        plots.adaptive_batch(
+            tr["rounds"],
+            tr["N"],
+            tr["signal"],
+            lo,
+            hi,
+            title=f"adaptive N, signal {s} (seed {recs[0]['seed']}; band: its interval where "
+            "resolved)",
+            signal_label=f"{s} (rollouts)",
+        ),
+        out.path(f"_n_{s}.png"),
+    )
   curves = []
   for name, recs in arms.items():
     byr = study.mean_curve([r["curve"] for r in recs], "rollouts")
@@ -418,17 +518,39 @@ def main(argv=None):
       continue
     sx = "seconds" if rate else "rounds"
     step = [np.interp(byr["x"], r["curve"]["rollouts"], r["curve"][sx]) for r in recs]
-    curves.append(dict(label=name, rollouts=byr["x"], steps=np.mean(step, 0),
-                       value=byr["mean"], lo=byr["lo"], hi=byr["hi"]))
+    curves.append(
+        dict(
+            label=name,
+            rollouts=byr["x"],
+            steps=np.mean(step, 0),
+            value=byr["mean"],
+            lo=byr["lo"],
+            hi=byr["hi"],
+        )
+    )
   if curves:
-    plots.save(plots.learning_curves(
-        curves, target=list(tgt), title="adaptive vs fixed (mean and range over seeds)",
-        step_label="modelled wall clock (s)" if rate else "generation rounds", logx=True),
-        out.path("_curves.png"))
-  out.manifest(config=c, wall_seconds=time.time() - t0, targets=list(tgt),
-               signals=args.signals, seeds=args.seeds, fixed_arms=choose,
-               throughput=args.throughput if rate else None, b_crit_ratio=ratio,
-               calibration=cal and {k: v for k, v in cal.items()}, eval_grid=grid)
+    plots.save(
+        plots.learning_curves(
+            curves,
+            target=list(tgt),
+            title="adaptive vs fixed (mean and range over seeds)",
+            step_label="modelled wall clock (s)" if rate else "generation rounds",
+            logx=True,
+        ),
+        out.path("_curves.png"),
+    )
+  out.manifest(
+      config=c,
+      wall_seconds=time.time() - t0,
+      targets=list(tgt),
+      signals=args.signals,
+      seeds=args.seeds,
+      fixed_arms=choose,
+      throughput=args.throughput if rate else None,
+      b_crit_ratio=ratio,
+      calibration=cal and {k: v for k, v in cal.items()},
+      eval_grid=grid,
+  )
 
 
 if __name__ == "__main__":

@@ -23,6 +23,7 @@ Writes experiments/results/batch_law_off_policy/: table (.md, .csv),
 per-run CSV, S(N) / Pareto / learning-curve figures for m = 4 and 8, fits
 JSON and manifest.json.
 """
+
 from __future__ import annotations
 
 import os
@@ -43,16 +44,23 @@ NAME = "batch_law_off_policy"
 
 
 def parse_args(argv=None):
-  ap = study_runner.parser(__doc__, NAME, "sweep root of the off-policy runs",
-                           on_root_help="sweep root of the on-policy study",
-                           root="runs/batch_law_off")
+  ap = study_runner.parser(
+      __doc__,
+      NAME,
+      "sweep root of the off-policy runs",
+      on_root_help="sweep root of the on-policy study",
+      root="runs/batch_law_off",
+  )
   ap.add_argument("--reuse", default="4,8", help="updates per round (m) to run")
   return study_runner.parse(ap, argv)
 
 
 def quick_overrides(m):
-  return [dict(o, **{"batch.num_minibatches": m}) for o in batch_law.sweep("quick")
-          if o["batch.num_prompts"] >= m]
+  return [
+      dict(o, **{"batch.num_minibatches": m})
+      for o in batch_law.sweep("quick")
+      if o["batch.num_prompts"] >= m
+  ]
 
 
 def main(argv=None):
@@ -65,8 +73,9 @@ def main(argv=None):
   tgt = batch_law.targets(arg_on)
   c_on = batch_law.get_config(arg_on)
   if args.quick:  # its own tiny on-policy sweep
-    on_rows = study_runner.run_study(c_on, batch_law.sweep(arg_on), args.on_root,
-                                     workers=args.workers)
+    on_rows = study_runner.run_study(
+        c_on, batch_law.sweep(arg_on), args.on_root, workers=args.workers
+    )
   else:  # read back, never rerun: experiments/batch_law_on_policy.py runs it
     on_rows = study_runner.read_finished(batch_law.sweep(arg_on), args.on_root)
   on = study.collect(on_rows, tgt, c_on)
@@ -88,13 +97,16 @@ def main(argv=None):
   # ------------------------------------------------------------ tables
   show, cols = [], None
   for name, recs in records.items():
-    rows, cols = study_report.summary_table(study.per_batch_rows(recs, tgt), tgt,
-                                            extra=("updates/round",))
+    rows, cols = study_report.summary_table(
+        study.per_batch_rows(recs, tgt), tgt, extra=("updates/round",)
+    )
     for r, raw in zip(rows, study.per_batch_rows(recs, tgt)):
       r["updates/round"] = raw["updates_per_round"]
     show += rows
-  ratio_lines = ["| target | m | B_crit(off) / B_crit(on) (rounds) | 90% interval |",
-                 "|---|---|---|---|"]
+  ratio_lines = [
+      "| target | m | B_crit(off) / B_crit(on) (rounds) | 90% interval |",
+      "|---|---|---|---|",
+  ]
   for name in records:
     if name == "on":
       continue
@@ -106,31 +118,57 @@ def main(argv=None):
         continue
       lo, hi = batch_law_lib.bootstrap_ratio_interval(a["boot_B_crit"], b["boot_B_crit"])
       both = a["resolved"] and b["resolved"]
-      ratio_lines.append(f"| {t} | {name[3:]} | {a['B_crit'] / b['B_crit']:.3g} | "
-                         f"[{stats.fmt(lo)}, {stats.fmt(hi)}]"
-                         f"{'' if both else ' (a fit is unresolved)'} |")
+      ratio_lines.append(
+          f"| {t} | {name[3:]} | {a['B_crit'] / b['B_crit']:.3g} | "
+          f"[{stats.fmt(lo)}, {stats.fmt(hi)}]"
+          f"{'' if both else ' (a fit is unresolved)'} |"
+      )
   notes = []
   for name in fits:
     unit = "optimizer steps" if name.endswith("_steps") else "rounds"
-    notes += [f"## {name}: S(N) = S_min (1 + B_crit / N) in {unit}", "",
-              *study_report.fit_lines(fits[name], unit), ""]
-  notes += ["## Off-policy over on-policy critical batch size (S in generation rounds)", "",
-            *ratio_lines, "",
-            "Published: on-policy ~311 rollouts, off-policy ~5,400-5,900 (~18x).",
-            "Intervals: S and E, 90% t-intervals over seeds; fits and the ratio, 90% "
-            f"bootstrap percentile intervals. Command: `{' '.join(['python'] + sys.argv)}`."]
-  out.table(show, cols, title="Off-policy batch-size law: each round reused for m updates "
-            "(rounds-to-target S, rollouts-to-target E)", notes="\n".join(notes))
-  study_report.write_runs_csv(out.path("_runs.csv"), [r for rs in records.values() for r in rs],
-                              tgt)
+    notes += [
+        f"## {name}: S(N) = S_min (1 + B_crit / N) in {unit}",
+        "",
+        *study_report.fit_lines(fits[name], unit),
+        "",
+    ]
+  notes += [
+      "## Off-policy over on-policy critical batch size (S in generation rounds)",
+      "",
+      *ratio_lines,
+      "",
+      "Published: on-policy ~311 rollouts, off-policy ~5,400-5,900 (~18x).",
+      "Intervals: S and E, 90% t-intervals over seeds; fits and the ratio, 90% "
+      f"bootstrap percentile intervals. Command: `{' '.join(['python'] + sys.argv)}`.",
+  ]
+  out.table(
+      show,
+      cols,
+      title="Off-policy batch-size law: each round reused for m updates "
+      "(rounds-to-target S, rollouts-to-target E)",
+      notes="\n".join(notes),
+  )
+  study_report.write_runs_csv(
+      out.path("_runs.csv"), [r for rs in records.values() for r in rs], tgt
+  )
   study_report.save_fits(out.path("_fits.json"), fits)
   main_t = float(tgt[len(tgt) // 2])
   for name in records:
     if name != "on":
-      study_report.law_figures(out, records[name], fits[name][main_t], main_t,
-                               f"off-policy, {name[3:]} updates per round", prefix=f"_{name}")
-  out.manifest(config={k: v.to_dict() for k, v in configs.items()},
-               wall_seconds=time.time() - t0, targets=list(tgt), reuse=ms)
+      study_report.law_figures(
+          out,
+          records[name],
+          fits[name][main_t],
+          main_t,
+          f"off-policy, {name[3:]} updates per round",
+          prefix=f"_{name}",
+      )
+  out.manifest(
+      config={k: v.to_dict() for k, v in configs.items()},
+      wall_seconds=time.time() - t0,
+      targets=list(tgt),
+      reuse=ms,
+  )
 
 
 if __name__ == "__main__":

@@ -27,6 +27,7 @@ Writes experiments/results/batch_law_on_policy/: the table (.md, .csv), the
 S-E Pareto and S(N) figures, learning curves by rollouts and by rounds,
 ``tune.md`` (with --tune) and manifest.json.
 """
+
 from __future__ import annotations
 
 import os
@@ -53,10 +54,19 @@ NEAR = 1.15
 
 def parse_args(argv=None):
   # the other studies read this sweep back: its root is their --on_root default
-  ap = study_runner.parser(__doc__, NAME, "sweep root (one workdir per run)",
-                           root="runs/batch_law_on", quick_root="runs_on")
-  ap.add_argument("--noise_batches", type=int, default=16,
-                  help="batches pooled per B_noise measurement (0 = skip)")
+  ap = study_runner.parser(
+      __doc__,
+      NAME,
+      "sweep root (one workdir per run)",
+      root="runs/batch_law_on",
+      quick_root="runs_on",
+  )
+  ap.add_argument(
+      "--noise_batches",
+      type=int,
+      default=16,
+      help="batches pooled per B_noise measurement (0 = skip)",
+  )
   ap.add_argument("--tune", action="store_true", help="run the lr0 scan at N = 256 first")
   args = study_runner.parse(ap, argv)
   if args.quick:
@@ -71,25 +81,37 @@ def tune(args, out):
   tgt = batch_law.targets(arg)
   mid = float(tgt[len(tgt) // 2])
   N = 16 if args.quick else 256
-  over = [{"batch.num_prompts": N // c.batch.rollouts_per_prompt, "optim.lr": lr,
-           "train.eval_every": batch_law.eval_every(N) if not args.quick else 2,
-           "train.num_rounds": 24 if args.quick else 1200}
-          for lr in TUNE_LRS]
+  over = [
+      {
+          "batch.num_prompts": N // c.batch.rollouts_per_prompt,
+          "optim.lr": lr,
+          "train.eval_every": batch_law.eval_every(N) if not args.quick else 2,
+          "train.num_rounds": 24 if args.quick else 1200,
+      }
+      for lr in TUNE_LRS
+  ]
   rows = study_runner.run_study(c, over, os.path.join(args.root, "tune"), workers=args.workers)
   recs = study.collect(rows, tgt, c)
-  table = [dict(lr=r["lr"], **{f"rollouts@{t}": r["to_target"][float(t)]["rollouts"]
-                               for t in tgt}) for r in recs]
+  table = [
+      dict(lr=r["lr"], **{f"rollouts@{t}": r["to_target"][float(t)]["rollouts"] for t in tgt})
+      for r in recs
+  ]
   reached = [r for r in recs if r["to_target"][mid]["rollouts"] is not None]
   best = min(reached, key=lambda r: r["to_target"][mid]["rollouts"]) if reached else None
   # one seed cannot tell apart lrs within ~15%: take the smallest of those
   # (the sqrt rule multiplies it by up to 8x at the largest N)
-  near = [r for r in reached if best and r["to_target"][mid]["rollouts"] <=
-          NEAR * best["to_target"][mid]["rollouts"]]
+  near = [
+      r
+      for r in reached
+      if best and r["to_target"][mid]["rollouts"] <= NEAR * best["to_target"][mid]["rollouts"]
+  ]
   chosen = min(r["lr"] for r in near) if near else None
   md = report.markdown_table(table, ["lr"] + [f"rollouts@{t}" for t in tgt])
-  md = (f"# lr0 scan at N = {N} (one seed)\n\n{md}\n\nfewest rollouts to {mid}: lr0 = "
-        f"{best and best['lr']}; within {NEAR:.2f}x of it: {sorted(r['lr'] for r in near)}; "
-        f"chosen (the smallest of those): lr0 = {chosen}\n")
+  md = (
+      f"# lr0 scan at N = {N} (one seed)\n\n{md}\n\nfewest rollouts to {mid}: lr0 = "
+      f"{best and best['lr']}; within {NEAR:.2f}x of it: {sorted(r['lr'] for r in near)}; "
+      f"chosen (the smallest of those): lr0 = {chosen}\n"
+  )
   with open(os.path.join(out.dir, "tune.md"), "w") as f:
     f.write(md)
   print(md)
@@ -101,9 +123,21 @@ def measure_noise(c, workdir, setup, P, K, M, label):
   graphdef, params, rnd, opt = measure.load_policy(c, workdir, setup, with_opt_state=True)
   res = measure.measure(c, graphdef, params, setup, P, K, M, progress=False, opt_state=opt)
   e = res["exact"]
-  row = dict(stage=label, round=rnd, P=P, K=K, batches=M, reward=res["reward_mean"],
-             b_noise=e.b_noise, b_noise_se=e.b_noise_se, b_intra=e.b_intra,
-             b_inter=e.b_inter, ratio=e.ratio, ratio_se=e.ratio_se, flag=e.flag or "")
+  row = dict(
+      stage=label,
+      round=rnd,
+      P=P,
+      K=K,
+      batches=M,
+      reward=res["reward_mean"],
+      b_noise=e.b_noise,
+      b_noise_se=e.b_noise_se,
+      b_intra=e.b_intra,
+      b_inter=e.b_inter,
+      ratio=e.ratio,
+      ratio_se=e.ratio_se,
+      flag=e.flag or "",
+  )
   if "adam" in res:
     row["b_noise_adam"], row["b_noise_adam_se"] = res["adam"].b_noise, res["adam"].b_noise_se
   return row
@@ -130,37 +164,71 @@ def main(argv=None):
     ref = min(recs, key=lambda r: (abs(r["N"] - 256), r["seed"]))
     P = 4 if args.quick else 64
     K = c.batch.rollouts_per_prompt
-    noise_rows.append(measure_noise(c, os.path.join(args.root, "_base_probe"), setup, P, K,
-                                    args.noise_batches, "SFT base"))
-    noise_rows.append(measure_noise(c, os.path.join(args.root, ref["name"]), setup, P, K,
-                                    args.noise_batches, f"end of N={ref['N']} seed {ref['seed']}"))
+    noise_rows.append(
+        measure_noise(
+            c, os.path.join(args.root, "_base_probe"), setup, P, K, args.noise_batches, "SFT base"
+        )
+    )
+    noise_rows.append(
+        measure_noise(
+            c,
+            os.path.join(args.root, ref["name"]),
+            setup,
+            P,
+            K,
+            args.noise_batches,
+            f"end of N={ref['N']} seed {ref['seed']}",
+        )
+    )
 
   # ------------------------------------------------------------ the table
   show, cols = study_report.summary_table(table, tgt)
-  notes = ["## S(N) = S_min (1 + B_crit / N), seeds as replicates (90% bootstrap intervals)",
-           "", *study_report.fit_lines(fits), ""]
+  notes = [
+      "## S(N) = S_min (1 + B_crit / N), seeds as replicates (90% bootstrap intervals)",
+      "",
+      *study_report.fit_lines(fits),
+      "",
+  ]
   if noise_rows:
-    notes += ["## Gradient-noise scale at the same K (pooled, ± jackknife SE)", "",
-              report.markdown_table(
-                  [dict(r, b_noise=stats.fmt(r["b_noise"], se=r["b_noise_se"]),
-                        b_noise_adam=stats.fmt(r.get("b_noise_adam"),
-                                               se=r.get("b_noise_adam_se")),
-                        ratio=stats.fmt(r["ratio"], se=r["ratio_se"])) for r in noise_rows],
-                  ["stage", "round", "P", "K", "batches", "b_noise", "b_noise_adam",
-                   "ratio", "flag"]), ""]
-  notes += ["Intervals: S and E, 90% t-intervals over seeds; fits, 90% residual-bootstrap "
-            f"percentile intervals. Command: `{' '.join(['python'] + sys.argv)}`."]
-  out.table(show, cols, title="On-policy batch-size law (GRPO, arithmetic, K = "
-            f"{c.batch.rollouts_per_prompt})", notes="\n".join(notes))
+    notes += [
+        "## Gradient-noise scale at the same K (pooled, ± jackknife SE)",
+        "",
+        report.markdown_table(
+            [
+                dict(
+                    r,
+                    b_noise=stats.fmt(r["b_noise"], se=r["b_noise_se"]),
+                    b_noise_adam=stats.fmt(r.get("b_noise_adam"), se=r.get("b_noise_adam_se")),
+                    ratio=stats.fmt(r["ratio"], se=r["ratio_se"]),
+                )
+                for r in noise_rows
+            ],
+            ["stage", "round", "P", "K", "batches", "b_noise", "b_noise_adam", "ratio", "flag"],
+        ),
+        "",
+    ]
+  notes += [
+      "Intervals: S and E, 90% t-intervals over seeds; fits, 90% residual-bootstrap "
+      f"percentile intervals. Command: `{' '.join(['python'] + sys.argv)}`."
+  ]
+  out.table(
+      show,
+      cols,
+      title="On-policy batch-size law (GRPO, arithmetic, K = " f"{c.batch.rollouts_per_prompt})",
+      notes="\n".join(notes),
+  )
   study_report.write_runs_csv(out.path("_runs.csv"), recs, tgt)
   study_report.save_fits(out.path("_fits.json"), {"on": fits}, noise=noise_rows)
-  np.savez(out.path("_boot.npz"), **{str(t): fit["boot_B_crit"] for t, fit in fits.items()
-                                     if "boot_B_crit" in fit})
+  np.savez(
+      out.path("_boot.npz"),
+      **{str(t): fit["boot_B_crit"] for t, fit in fits.items() if "boot_B_crit" in fit},
+  )
   main_t = float(tgt[len(tgt) // 2])
   bn = [r["b_noise"] for r in noise_rows if r["b_noise"] == r["b_noise"]] or None
   study_report.law_figures(out, recs, fits[main_t], main_t, "on-policy", b_noise=bn)
-  out.manifest(config=c, wall_seconds=time.time() - t0,
-               sweep=batch_law.sweep(arg), targets=list(tgt))
+  out.manifest(
+      config=c, wall_seconds=time.time() - t0, sweep=batch_law.sweep(arg), targets=list(tgt)
+  )
 
 
 if __name__ == "__main__":

@@ -60,6 +60,7 @@ The last line is
 with exact the vmap path at the config's chunk_prompts and ghost
 ``ghost.moments_and_grad``.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -90,8 +91,14 @@ def load_params(config, setup, base_dir):
     raise SystemExit(f"--base_dir={base_dir!r} holds no SFT checkpoint ({ck})")
   # a finished SFT checkpoint is loaded, not retrained (sft.train_sft returns early)
   graphdef, params, summary = sft.train_sft(config, setup, base_dir)
-  return graphdef, params, (f"SFT base {base_dir} (step {summary.get('sft_steps')}, "
-                            f"pass@1 {summary.get('base_pass_rate')})")
+  return (
+      graphdef,
+      params,
+      (
+          f"SFT base {base_dir} (step {summary.get('sft_steps')}, "
+          f"pass@1 {summary.get('base_pass_rate')})"
+      ),
+  )
 
 
 # ---------------------------------------------------------------------------
@@ -108,7 +115,7 @@ def make_loop(graphdef, rl_cfg, s_cfg, P, K):
   def step(params, batch, i, counts, acc):
     g = jax.grad(one_loss)(params, batch, i, counts)
     g = [N * x for x in jax.tree.leaves(g)]
-    sq = jnp.stack([jnp.sum(x * x) for x in g])          # [L]
+    sq = jnp.stack([jnp.sum(x * x) for x in g])  # [L]
     return [a + x for a, x in zip(acc, g)], sq
 
   step_j = jax.jit(step, donate_argnums=(4,))
@@ -127,11 +134,12 @@ def make_loop(graphdef, rl_cfg, s_cfg, P, K):
       gsq, gbar = group_sq(acc)
       gsq_all.append(gsq)
       gsum = gbar if gsum is None else [a + b for a, b in zip(gsum, gbar)]
-    sum_sq = jnp.stack(sq_all).reshape(P, K, -1).sum(1).T     # [L, P]
-    mean_sq = jnp.stack(gsq_all).T                            # [L, P]
+    sum_sq = jnp.stack(sq_all).reshape(P, K, -1).sum(1).T  # [L, P]
+    mean_sq = jnp.stack(gsq_all).T  # [L, P]
     batch_sq = jnp.stack([jnp.sum((s / P) ** 2) for s in gsum])
-    return noise.GroupMoments(sum_sqnorm_P=sum_sq, mean_sqnorm_P=mean_sq,
-                              batch_mean_sqnorm=batch_sq, K=K)
+    return noise.GroupMoments(
+        sum_sqnorm_P=sum_sq, mean_sqnorm_P=mean_sq, batch_mean_sqnorm=batch_sq, K=K
+    )
 
   return run, step_j
 
@@ -174,14 +182,12 @@ def mem_analysis(fn, *args):
   m = jax.jit(fn).lower(*args).compile().memory_analysis()
   if m is None:
     return None
-  return dict(temp=m.temp_size_in_bytes, arg=m.argument_size_in_bytes,
-              out=m.output_size_in_bytes)
+  return dict(temp=m.temp_size_in_bytes, arg=m.argument_size_in_bytes, out=m.output_size_in_bytes)
 
 
 def total_moments(m):
   s = gradstats.sum_leaves(m)
-  return np.array([np.sum(s.sum_sqnorm_P), np.sum(s.mean_sqnorm_P),
-                   float(s.batch_mean_sqnorm)])
+  return np.array([np.sum(s.sum_sqnorm_P), np.sum(s.mean_sqnorm_P), float(s.batch_mean_sqnorm)])
 
 
 def rel(a, b):
@@ -191,15 +197,22 @@ def rel(a, b):
 
 def main():
   ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-  ap.add_argument("--base_dir", default="",
-                  help="SFT base workdir (e.g. runs/default/sft_base); empty: fresh init")
+  ap.add_argument(
+      "--base_dir",
+      default="",
+      help="SFT base workdir (e.g. runs/default/sft_base); empty: fresh init",
+  )
   ap.add_argument("--repeats", type=int, default=7, help="timed calls per path (median)")
-  ap.add_argument("--loop_repeats", type=int, default=0,
-                  help="timed passes of the naive loop (each 256 + 16 dispatches); "
-                       "0 = --repeats")
+  ap.add_argument(
+      "--loop_repeats",
+      type=int,
+      default=0,
+      help="timed passes of the naive loop (each 256 + 16 dispatches); " "0 = --repeats",
+  )
   ap.add_argument("--no_ghost", action="store_true", help="skip the ghost-norm paths")
-  ap.add_argument("--quick", action="store_true",
-                  help="P=4 x K=4, 2 repeats, no breakdown (a smoke run)")
+  ap.add_argument(
+      "--quick", action="store_true", help="P=4 x K=4, 2 repeats, no breakdown (a smoke run)"
+  )
   args = ap.parse_args()
   config = default_cfg.get_config()
   if args.quick:
@@ -213,28 +226,37 @@ def main():
   C0 = config.noise.chunk_prompts
   rl_cfg, s_cfg = setup.rl, setup.sampling
   graphdef, params, origin = load_params(config, setup, args.base_dir)
-  print(f"jax {jax.__version__} on {jax.devices()[0].platform} ({jax.device_count()} "
-        f"device(s)); params {model_lib.param_count(params):,}; P={P} K={K} N={N}; "
-        f"layout {setup.layout.prompt_len}+{setup.layout.completion_len} tokens; "
-        f"policy: {origin}", flush=True)
+  print(
+      f"jax {jax.__version__} on {jax.devices()[0].platform} ({jax.device_count()} "
+      f"device(s)); params {model_lib.param_count(params):,}; P={P} K={K} N={N}; "
+      f"layout {setup.layout.prompt_len}+{setup.layout.completion_len} tokens; "
+      f"policy: {origin}",
+      flush=True,
+  )
 
   t0 = time.perf_counter()
   batch, rewards, _ = train.round_batch(config, graphdef, params, params, setup, 0)
   batch["on_policy"] = jnp.ones((N,), bool)  # first update of an on-policy round
   batch = {k: batch[k] for k in objective.BATCH_KEYS}
   jax.block_until_ready(batch)
-  print(f"rollout batch: {time.perf_counter() - t0:.1f} s, reward mean "
-        f"{rewards.mean():.3f}, mixed groups {np.mean(rewards.std(1) > 0):.2f}, "
-        f"valid completion tokens {float(batch['completion_mask'].sum()):.0f}", flush=True)
+  print(
+      f"rollout batch: {time.perf_counter() - t0:.1f} s, reward mean "
+      f"{rewards.mean():.3f}, mixed groups {np.mean(rewards.std(1) > 0):.2f}, "
+      f"valid completion tokens {float(batch['completion_mask'].sum()):.0f}",
+      flush=True,
+  )
   if not np.any(np.asarray(batch["adv"])):
-    print("WARNING: every advantage is 0 (no group has mixed rewards), so every "
-          "gradient is 0: timings are valid (fixed shapes), the cross-checks are "
-          "vacuous. Use --base_dir=runs/default/sft_base for a real policy.")
+    print(
+        "WARNING: every advantage is 0 (no group has mixed rewards), so every "
+        "gradient is 0: timings are valid (fixed shapes), the cross-checks are "
+        "vacuous. Use --base_dir=runs/default/sft_base for a real policy."
+    )
   counts = objective.counts_of(batch)
 
   def plain_fn(p, b):
     return jax.value_and_grad(objective.batch_loss, has_aux=True)(
-        p, graphdef, b, objective.counts_of(b), rl_cfg, s_cfg)
+        p, graphdef, b, objective.counts_of(b), rl_cfg, s_cfg
+    )
 
   def split_fn(p, b):
     return gradstats.split_grads(p, graphdef, b, P, K, rl_cfg, s_cfg)
@@ -243,24 +265,28 @@ def main():
     return lambda p, b: gradstats.group_moments(p, graphdef, b, P, K, rl_cfg, s_cfg, C)
 
   def plain_noaux_fn(p, b):
-    return jax.grad(lambda q: objective.batch_loss(
-        q, graphdef, b, objective.counts_of(b), rl_cfg, s_cfg)[0])(p)
+    return jax.grad(
+        lambda q: objective.batch_loss(q, graphdef, b, objective.counts_of(b), rl_cfg, s_cfg)[0]
+    )(p)
 
-  paths = {"plain": plain_fn, "  plain, grad only (no aux)": plain_noaux_fn,
-           "split": split_fn}
+  paths = {"plain": plain_fn, "  plain, grad only (no aux)": plain_noaux_fn, "split": split_fn}
   for C in sorted({C0, 1, 2, P}) if not args.quick else [C0]:
     paths[f"exact c{C}"] = exact_fn(C)
   if not args.quick:
     paths[f"  vmap-grad only c{C0}"] = lambda p, b: vmap_grad_only(
-        p, graphdef, b, P, K, rl_cfg, s_cfg, C0)
-    paths["  prompt grads (P)"] = lambda p, b: prompt_grads(p, graphdef, b, P, K, rl_cfg,
-                                                            s_cfg)
-  ghost_forms = [] if args.no_ghost else (["auto"] if args.quick else
-                                          ["auto", "gram", "materialize"])
+        p, graphdef, b, P, K, rl_cfg, s_cfg, C0
+    )
+    paths["  prompt grads (P)"] = lambda p, b: prompt_grads(p, graphdef, b, P, K, rl_cfg, s_cfg)
+  ghost_forms = (
+      [] if args.no_ghost else (["auto"] if args.quick else ["auto", "gram", "materialize"])
+  )
   for form in ghost_forms:
     name = "ghost" if form == "auto" else f"  ghost {form}"
-    paths[name] = (lambda form: lambda p, b: ghost.moments_and_grad(
-        p, graphdef, b, P, K, rl_cfg, s_cfg, form=form))(form)
+    paths[name] = (
+        lambda form: lambda p, b: ghost.moments_and_grad(
+            p, graphdef, b, P, K, rl_cfg, s_cfg, form=form
+        )
+    )(form)
 
   jitted = {name: jax.jit(f) for name, f in paths.items()}
   mem, outs = {}, {}
@@ -273,8 +299,11 @@ def main():
   loop_run, loop_step = make_loop(graphdef, rl_cfg, s_cfg, P, K)
   acc0 = [jnp.zeros(x.shape, jnp.float32) for x in jax.tree.leaves(params)]
   m = loop_step.lower(params, batch, jnp.int32(0), counts, acc0).compile().memory_analysis()
-  mem["loop"] = dict(temp=m.temp_size_in_bytes, arg=m.argument_size_in_bytes,
-                     out=m.output_size_in_bytes) if m is not None else None
+  mem["loop"] = (
+      dict(temp=m.temp_size_in_bytes, arg=m.argument_size_in_bytes, out=m.output_size_in_bytes)
+      if m is not None
+      else None
+  )
   loop_mom = jax.block_until_ready(loop_run(params, batch, counts))  # compile + warm-up
 
   # ---- cross-checks
@@ -283,27 +312,34 @@ def main():
   d_split = max(rel(a, b) for a, b in zip(jax.tree.leaves(g_split), jax.tree.leaves(g_plain)))
   ref = total_moments(loop_mom)
   print(f"check: split grad vs plain grad, max rel diff {d_split:.1e}")
-  print(f"check: loop totals [sum_k|g|^2, sum_p|gbar_p|^2, |gbar|^2] = "
-        f"{ref[0]:.4e} {ref[1]:.4e} {ref[2]:.4e}")
+  print(
+      f"check: loop totals [sum_k|g|^2, sum_p|gbar_p|^2, |gbar|^2] = "
+      f"{ref[0]:.4e} {ref[1]:.4e} {ref[2]:.4e}"
+  )
   for name in paths:
     if name.startswith("exact"):
-      print(f"check: {name} moments vs loop, max rel diff "
-            f"{rel(total_moments(outs[name]), ref):.1e}")
+      print(
+          f"check: {name} moments vs loop, max rel diff "
+          f"{rel(total_moments(outs[name]), ref):.1e}"
+      )
   for name in paths:
     if name.strip().startswith("ghost"):
       gm, g_ghost, _ = outs[name]
-      d_grad = max(rel(a, b) for a, b in zip(jax.tree.leaves(g_ghost),
-                                             jax.tree.leaves(g_plain)))
-      print(f"check: {name.strip()} moments vs loop: totals "
-            f"{rel(total_moments(gm), ref):.1e}, per-leaf sum_k|g|^2 "
-            f"{rel(gm.sum_sqnorm_P, loop_mom.sum_sqnorm_P):.1e}, per-leaf |gbar_p|^2 "
-            f"{rel(gm.mean_sqnorm_P, loop_mom.mean_sqnorm_P):.1e}; its batch grad vs plain "
-            f"grad {d_grad:.1e}")
+      d_grad = max(rel(a, b) for a, b in zip(jax.tree.leaves(g_ghost), jax.tree.leaves(g_plain)))
+      print(
+          f"check: {name.strip()} moments vs loop: totals "
+          f"{rel(total_moments(gm), ref):.1e}, per-leaf sum_k|g|^2 "
+          f"{rel(gm.sum_sqnorm_P, loop_mom.sum_sqnorm_P):.1e}, per-leaf |gbar_p|^2 "
+          f"{rel(gm.mean_sqnorm_P, loop_mom.mean_sqnorm_P):.1e}; its batch grad vs plain "
+          f"grad {d_grad:.1e}"
+      )
   if "  prompt grads (P)" in outs:
     g_pg = outs["  prompt grads (P)"]
     gb_sum = jax.tree.leaves(jax.tree.map(lambda x: jnp.mean(x, 0), g_pg))
-    print(f"check: mean of prompt grads vs plain grad, max rel diff "
-          f"{max(rel(a, b) for a, b in zip(gb_sum, jax.tree.leaves(g_plain))):.1e}")
+    print(
+        f"check: mean of prompt grads vs plain grad, max rel diff "
+        f"{max(rel(a, b) for a, b in zip(gb_sum, jax.tree.leaves(g_plain))):.1e}"
+    )
   print(flush=True)
 
   # ---- timing, round-robin
@@ -318,33 +354,47 @@ def main():
       t = time.perf_counter()
       jax.block_until_ready(loop_run(params, batch, counts))
       times["loop"].append(time.perf_counter() - t)
-    print(f"  repeat {r + 1}/{args.repeats}: plain {times['plain'][-1] * 1e3:.1f} ms, "
-          f"exact c{C0} {times[f'exact c{C0}'][-1] * 1e3:.1f} ms", flush=True)
+    print(
+        f"  repeat {r + 1}/{args.repeats}: plain {times['plain'][-1] * 1e3:.1f} ms, "
+        f"exact c{C0} {times[f'exact c{C0}'][-1] * 1e3:.1f} ms",
+        flush=True,
+    )
 
   med = {k: float(np.median(v)) for k, v in times.items()}
   base = med["plain"]
   print()
-  print("memory: XLA compiled memory_analysis() of each jitted function "
-        "(temp = scratch besides args/outputs; loop: one per-rollout step)")
+  print(
+      "memory: XLA compiled memory_analysis() of each jitted function "
+      "(temp = scratch besides args/outputs; loop: one per-rollout step)"
+  )
   bmin = min(times["plain"])
-  print(f"{'path':<28} {'ms':>9} {'x plain':>8} {'min ms':>9} {'x (min)':>8} "
-        f"{'temp MB':>9} {'arg MB':>7} {'out MB':>7}")
+  print(
+      f"{'path':<28} {'ms':>9} {'x plain':>8} {'min ms':>9} {'x (min)':>8} "
+      f"{'temp MB':>9} {'arg MB':>7} {'out MB':>7}"
+  )
   for name in list(paths) + ["loop"]:
     mm = mem.get(name)
     mb = (lambda k: f"{mm[k] / 2**20:.2f}") if mm else (lambda k: "n/a")
-    print(f"{name:<28} {med[name] * 1e3:>9.1f} {med[name] / base:>8.2f} "
-          f"{min(times[name]) * 1e3:>9.1f} {min(times[name]) / bmin:>8.2f} "
-          f"{mb('temp'):>9} {mb('arg'):>7} {mb('out'):>7}")
-  print("ms = median, x plain = median / plain's median; min ms / x (min): the "
-        "fastest call (least disturbed by other processes), ratio of minima")
-  print(f"(median of {args.repeats} calls; loop median of {args.loop_repeats} passes "
-        f"of {N} + {P} dispatches = {med['loop'] / (N + P) * 1e3:.2f} ms per dispatch; "
-        f"plain / N = {base / N * 1e3:.2f} ms per rollout)")
+    print(
+        f"{name:<28} {med[name] * 1e3:>9.1f} {med[name] / base:>8.2f} "
+        f"{min(times[name]) * 1e3:>9.1f} {min(times[name]) / bmin:>8.2f} "
+        f"{mb('temp'):>9} {mb('arg'):>7} {mb('out'):>7}"
+    )
+  print(
+      "ms = median, x plain = median / plain's median; min ms / x (min): the "
+      "fastest call (least disturbed by other processes), ratio of minima"
+  )
+  print(
+      f"(median of {args.repeats} calls; loop median of {args.loop_repeats} passes "
+      f"of {N} + {P} dispatches = {med['loop'] / (N + P) * 1e3:.2f} ms per dispatch; "
+      f"plain / N = {base / N * 1e3:.2f} ms per rollout)"
+  )
   ex = med[f"exact c{C0}"]
   gh = f" ghost_overhead={med['ghost'] / base:.3f}" if "ghost" in med else ""
-  print(f"RESULT overhead_vs_plain_grad={ex / base:.3f} "
-        f"split_overhead={med['split'] / base:.3f} speedup_vs_loop={med['loop'] / ex:.2f}"
-        + gh)
+  print(
+      f"RESULT overhead_vs_plain_grad={ex / base:.3f} "
+      f"split_overhead={med['split'] / base:.3f} speedup_vs_loop={med['loop'] / ex:.2f}" + gh
+  )
 
 
 if __name__ == "__main__":

@@ -21,6 +21,7 @@ alike. Run it on an otherwise idle machine. Last line:
 
     RESULT parallel_speedup=<sequential wall / side-by-side wall> cores=<n>
 """
+
 from __future__ import annotations
 
 import argparse
@@ -39,13 +40,18 @@ from configs import batch_law
 
 
 def parse_args(argv=None):
-  ap = argparse.ArgumentParser(description=__doc__,
-                               formatter_class=argparse.RawDescriptionHelpFormatter)
-  ap.add_argument("--ns", default="256,2048",
-                  help="rollouts per round of the runs, comma-separated (two runs each)")
+  ap = argparse.ArgumentParser(
+      description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+  )
+  ap.add_argument(
+      "--ns",
+      default="256,2048",
+      help="rollouts per round of the runs, comma-separated (two runs each)",
+  )
   ap.add_argument("--rounds", type=int, default=12, help="rounds per run")
-  ap.add_argument("--repeats", type=int, default=2,
-                  help="timed sweeps per mode (order alternates: s p p s ...)")
+  ap.add_argument(
+      "--repeats", type=int, default=2, help="timed sweeps per mode (order alternates: s p p s ...)"
+  )
   ap.add_argument("--workers", type=int, default=2, help="runs side by side")
   ap.add_argument("--quick", action="store_true", help="tiny version (test suite)")
   args = ap.parse_args(argv)
@@ -59,10 +65,10 @@ def parse_args(argv=None):
 
 def _config(quick: bool, rounds: int, base_dir: str):
   c = batch_law.get_config("quick" if quick else "on")
-  c.sft.base_dir = base_dir                # absolute: every timed sweep shares it
+  c.sft.base_dir = base_dir  # absolute: every timed sweep shares it
   c.train.num_rounds = rounds
-  c.train.stop_at_pass_rate = 0.0          # no early stop: every run does `rounds`
-  c.train.eval_every = rounds              # one evaluation, at the end
+  c.train.stop_at_pass_rate = 0.0  # no early stop: every run does `rounds`
+  c.train.eval_every = rounds  # one evaluation, at the end
   c.train.checkpoint_every = 0
   return c
 
@@ -73,8 +79,7 @@ def child(mode: str, root: str, ns: list[int], rounds: int, quick: bool, workers
   K = c.batch.rollouts_per_prompt
   over = [{"batch.num_prompts": max(1, n // K), "seed": s} for n in ns for s in (0, 1)]
   t = time.perf_counter()
-  sweep.run_sweep(c, over, root, workers=workers if mode == "parallel" else 1,
-                  progress=False)
+  sweep.run_sweep(c, over, root, workers=workers if mode == "parallel" else 1, progress=False)
   print(json.dumps({"wall": time.perf_counter() - t}))
 
 
@@ -94,19 +99,28 @@ def main(argv=None):
   walls = {"sequential": [], "parallel": []}
   cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
   for i, mode in enumerate(order):
-    root = os.path.join(tmp, f"sweep{i}")       # a fresh root per timed sweep
+    root = os.path.join(tmp, f"sweep{i}")  # a fresh root per timed sweep
     env = dict(os.environ, CBS_BENCH_CHILD=f"{mode}:{root}")
-    p = subprocess.run([sys.executable, os.path.abspath(__file__)] + (argv or sys.argv[1:]),
-                       env=env, capture_output=True, text=True)
+    p = subprocess.run(
+        [sys.executable, os.path.abspath(__file__)] + (argv or sys.argv[1:]),
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     if p.returncode:
       raise SystemExit(f"{mode} sweep failed:\n{p.stderr[-3000:]}")
     wall = json.loads(p.stdout.strip().splitlines()[-1])["wall"]
     walls[mode].append(wall)
-    print(f"{mode:<11} {len(args.ns) * 2} runs of {args.rounds} rounds at N = {args.ns}: "
-          f"{wall:7.1f} s", flush=True)
+    print(
+        f"{mode:<11} {len(args.ns) * 2} runs of {args.rounds} rounds at N = {args.ns}: "
+        f"{wall:7.1f} s",
+        flush=True,
+    )
   seq, par = (float(np.median(walls[m])) for m in ("sequential", "parallel"))
-  print(f"median sequential {seq:.1f} s, side by side ({args.workers} single-threaded "
-        f"workers) {par:.1f} s on {cores} cores")
+  print(
+      f"median sequential {seq:.1f} s, side by side ({args.workers} single-threaded "
+      f"workers) {par:.1f} s on {cores} cores"
+  )
   print(f"RESULT parallel_speedup={seq / par:.3f} cores={cores}")
 
 

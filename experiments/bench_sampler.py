@@ -36,6 +36,7 @@ tokens/s / the roofline's tokens/s. The last line is
 
     RESULT tokens_per_s=<cached, batch 1024> speedup_vs_recompute=<at batch 1024> decode_vs_roofline=<at batch 1024>
 """
+
 from __future__ import annotations
 
 import argparse
@@ -100,8 +101,12 @@ def main():
   ap.add_argument("--new_tokens", type=int, default=48)
   ap.add_argument("--prompt_len", type=int, default=8)
   ap.add_argument("--runs", type=int, default=5, help="timed calls per arm (median)")
-  ap.add_argument("--naive_runs", type=int, default=1,
-                  help="timed calls of the full-recompute sampler per batch")
+  ap.add_argument(
+      "--naive_runs",
+      type=int,
+      default=1,
+      help="timed calls of the full-recompute sampler per batch",
+  )
   ap.add_argument("--quick", action="store_true", help="batches 16,64, one run each")
   args = ap.parse_args()
   if args.quick:
@@ -115,11 +120,14 @@ def main():
   cfg.max_len = Tp + n_new
   graphdef, params = model_lib.build(cfg, seed=0)
   dims = systems.ModelDims.from_config(cfg)
-  print(f"jax {jax.__version__} on {jax.devices()[0].platform} ({jax.device_count()} "
-        f"device(s)); params {model_lib.param_count(params):,} (active {dims.active_params:,}); "
-        f"d_model {cfg.d_model}, layers {cfg.num_layers}, heads {cfg.num_heads}/"
-        f"{cfg.num_kv_heads} kv, vocab {cfg.vocab_size}; prompt {Tp}, new tokens {n_new}; "
-        f"decode buckets {sampling.segment_bounds(n_new)}", flush=True)
+  print(
+      f"jax {jax.__version__} on {jax.devices()[0].platform} ({jax.device_count()} "
+      f"device(s)); params {model_lib.param_count(params):,} (active {dims.active_params:,}); "
+      f"d_model {cfg.d_model}, layers {cfg.num_layers}, heads {cfg.num_heads}/"
+      f"{cfg.num_kv_heads} kv, vocab {cfg.vocab_size}; prompt {Tp}, new tokens {n_new}; "
+      f"decode buckets {sampling.segment_bounds(n_new)}",
+      flush=True,
+  )
 
   rng = np.random.default_rng(0)
   arms, data = {}, {}
@@ -127,19 +135,22 @@ def main():
     prompts = jnp.asarray(rng.integers(1, cfg.vocab_size, (B, Tp)), jnp.int32)
     pmask = jnp.ones((B, Tp), bool)
     key = jax.random.key(B)
-    sampler = sampling.make_sampler(graphdef, max_new_tokens=n_new, eos_id=None,
-                                    pad_id=PAD_ID, spec=scoring.SamplingSpec())
+    sampler = sampling.make_sampler(
+        graphdef, max_new_tokens=n_new, eos_id=None, pad_id=PAD_ID, spec=scoring.SamplingSpec()
+    )
     cached = sampler.lower(params, prompts, pmask, key).compile()
-    naive = naive_generate.lower(graphdef, params, prompts, pmask, key,
-                                 max_new_tokens=n_new).compile()
+    naive = naive_generate.lower(
+        graphdef, params, prompts, pmask, key, max_new_tokens=n_new
+    ).compile()
     arms[f"cached {B}"] = functools.partial(cached, params, prompts, pmask, key)
     arms[f"naive {B}"] = functools.partial(naive, params, prompts, pmask, key)
     data[B] = (prompts, pmask, key)
   B0 = batches[0]
   host_kw = dict(max_new_tokens=n_new, eos_id=None, pad_id=PAD_ID, spec=scoring.SamplingSpec())
   np_prompts, np_mask = np.asarray(data[B0][0]), np.asarray(data[B0][1])
-  arms[f"generate {B0}"] = lambda: sampling.generate(graphdef, params, np_prompts, np_mask,
-                                                     data[B0][2], **host_kw)
+  arms[f"generate {B0}"] = lambda: sampling.generate(
+      graphdef, params, np_prompts, np_mask, data[B0][2], **host_kw
+  )
   jax.block_until_ready(arms[f"generate {B0}"]())  # compiles nothing new; warms the cache
   mm, bw = probes_lib.MatmulProbe(2048), probes_lib.BandwidthProbe(256)
   probes = {"matmul": mm.probe, "bandwidth": bw.probe}
@@ -154,48 +165,74 @@ def main():
         continue
       dt, outs[name] = timed(fn)
       times[name].append(dt)
-    print(f"  run {r + 1}/{args.runs}: " + ", ".join(
-        f"{k} {times[k][-1] * 1e3:.0f} ms" for k in arms if k.startswith("cached")), flush=True)
+    print(
+        f"  run {r + 1}/{args.runs}: "
+        + ", ".join(f"{k} {times[k][-1] * 1e3:.0f} ms" for k in arms if k.startswith("cached")),
+        flush=True,
+    )
   med = {k: float(np.median(v)) for k, v in times.items()}
   flops, band = mm.flops(med["matmul"]), bw.bandwidth(med["bandwidth"])
   acc = probes_lib.measured_accelerator(flops, band, source="bench_sampler probes")
-  print(f"measured: {flops / 1e9:.1f} GFLOP/s (f32 2048^2 matmul), {band / 1e9:.2f} GB/s "
-        f"(256 MiB read), ridge {flops / band:.1f} FLOP/byte; medians of {args.runs}")
+  print(
+      f"measured: {flops / 1e9:.1f} GFLOP/s (f32 2048^2 matmul), {band / 1e9:.2f} GB/s "
+      f"(256 MiB read), ridge {flops / band:.1f} FLOP/byte; medians of {args.runs}"
+  )
 
   rows = []
   for B in batches:
     out = outs[f"cached {B}"]
     if int(np.asarray(out.mask).sum()) != B * n_new:
-      raise RuntimeError(f"cached sampler: {int(np.asarray(out.mask).sum())} valid tokens, "
-                         f"expected {B * n_new}")
+      raise RuntimeError(
+          f"cached sampler: {int(np.asarray(out.mask).sum())} valid tokens, "
+          f"expected {B * n_new}"
+      )
     naive_tokens, naive_lps = outs[f"naive {B}"]
     same = np.asarray(naive_tokens) == np.asarray(out.tokens)
     prefix = np.cumprod(same, 1) > 0  # rows diverge after their first differing token
     lp_diff = float(np.abs(np.asarray(naive_lps) - np.asarray(out.logprobs))[prefix].max())
     roof = systems.generation_roofline(dims, acc, B, Tp, n_new)
     tok_c, tok_n = B * n_new / med[f"cached {B}"], B * n_new / med[f"naive {B}"]
-    rows.append(dict(B=B, tok=tok_c, naive=tok_n, speedup=tok_c / tok_n,
-                     roof=roof["tokens_per_s"], vs_roof=tok_c / roof["tokens_per_s"],
-                     fpt=roof["flops_per_token"], bps=roof["bytes_per_step"],
-                     bound=roof["bound"], ms=med[f"cached {B}"] * 1e3,
-                     same=float(same.mean()), lpd=lp_diff))
+    rows.append(
+        dict(
+            B=B,
+            tok=tok_c,
+            naive=tok_n,
+            speedup=tok_c / tok_n,
+            roof=roof["tokens_per_s"],
+            vs_roof=tok_c / roof["tokens_per_s"],
+            fpt=roof["flops_per_token"],
+            bps=roof["bytes_per_step"],
+            bound=roof["bound"],
+            ms=med[f"cached {B}"] * 1e3,
+            same=float(same.mean()),
+            lpd=lp_diff,
+        )
+    )
 
   print()
-  print(f"{'batch':>6} {'tok/s':>9} {'naive':>8} {'speedup':>8} {'roofline':>9} "
-        f"{'vs roof':>8} {'MFLOP/tok':>10} {'MB/step':>8} {'bound':>8} {'ms/call':>8} "
-        f"{'same tok':>9} {'max|dlogp|':>10}")
+  print(
+      f"{'batch':>6} {'tok/s':>9} {'naive':>8} {'speedup':>8} {'roofline':>9} "
+      f"{'vs roof':>8} {'MFLOP/tok':>10} {'MB/step':>8} {'bound':>8} {'ms/call':>8} "
+      f"{'same tok':>9} {'max|dlogp|':>10}"
+  )
   for r in rows:
-    print(f"{r['B']:>6} {r['tok']:>9,.0f} {r['naive']:>8,.0f} {r['speedup']:>8.2f} "
-          f"{r['roof']:>9,.0f} {r['vs_roof']:>8.3f} {r['fpt'] / 1e6:>10.3f} "
-          f"{r['bps'] / 1e6:>8.1f} {r['bound']:>8} {r['ms']:>8.1f} {r['same']:>9.4f} "
-          f"{r['lpd']:>10.1e}")
+    print(
+        f"{r['B']:>6} {r['tok']:>9,.0f} {r['naive']:>8,.0f} {r['speedup']:>8.2f} "
+        f"{r['roof']:>9,.0f} {r['vs_roof']:>8.3f} {r['fpt'] / 1e6:>10.3f} "
+        f"{r['bps'] / 1e6:>8.1f} {r['bound']:>8} {r['ms']:>8.1f} {r['same']:>9.4f} "
+        f"{r['lpd']:>10.1e}"
+    )
   g = med[f"generate {B0}"]
-  print(f"host work per call: generate {g * 1e3:.1f} ms vs make_sampler "
-        f"{med[f'cached {B0}'] * 1e3:.1f} ms at batch {B0}")
+  print(
+      f"host work per call: generate {g * 1e3:.1f} ms vs make_sampler "
+      f"{med[f'cached {B0}'] * 1e3:.1f} ms at batch {B0}"
+  )
   print(f"tokens/s rising with batch: {all(a['tok'] < b['tok'] for a, b in zip(rows, rows[1:]))}")
   last = rows[-1]
-  print(f"RESULT tokens_per_s={last['tok']:.1f} speedup_vs_recompute={last['speedup']:.3f} "
-        f"decode_vs_roofline={last['vs_roof']:.3f}")
+  print(
+      f"RESULT tokens_per_s={last['tok']:.1f} speedup_vs_recompute={last['speedup']:.3f} "
+      f"decode_vs_roofline={last['vs_roof']:.3f}"
+  )
 
 
 if __name__ == "__main__":

@@ -35,6 +35,7 @@ hits them alike); medians of ``--repeats``. MFU = FLOPs / median update time
 
     RESULT train_mfu_vs_matmul=<25m case>
 """
+
 from __future__ import annotations
 
 import argparse
@@ -56,10 +57,18 @@ from configs import default as default_cfg
 # name -> (model overrides of model.default_config(), rollouts, prompt len, completion len)
 CASES = {
     "quickstart": (None, 256, 9, 5),
-    "1m": (dict(vocab_size=64, d_model=128, num_layers=4, num_heads=4, num_kv_heads=4,
-                d_ff=512), 256, 8, 48),
-    "25m": (dict(vocab_size=64, d_model=512, num_layers=8, num_heads=8, num_kv_heads=4,
-                 d_ff=1536), 32, 16, 48),
+    "1m": (
+        dict(vocab_size=64, d_model=128, num_layers=4, num_heads=4, num_kv_heads=4, d_ff=512),
+        256,
+        8,
+        48,
+    ),
+    "25m": (
+        dict(vocab_size=64, d_model=512, num_layers=8, num_heads=8, num_kv_heads=4, d_ff=1536),
+        32,
+        16,
+        48,
+    ),
 }
 
 
@@ -87,22 +96,31 @@ def make_batch(graphdef, params, c, n, tp, tc, seed=0):
   rng = np.random.default_rng(seed)
   V = c.model.vocab_size
   lens = rng.integers(1, tc + 1, n)
-  b = dict(prompt=jnp.asarray(rng.integers(1, V, (n, tp)), jnp.int32),
-           prompt_mask=jnp.ones((n, tp), bool),
-           completion=jnp.asarray(rng.integers(1, V, (n, tc)), jnp.int32),
-           completion_mask=jnp.asarray(np.arange(tc)[None] < lens[:, None], jnp.float32))
-  sc = jax.jit(scoring.score, static_argnums=(0, 6))(graphdef, params, b["prompt"],
-                                                     b["prompt_mask"], b["completion"],
-                                                     b["completion_mask"],
-                                                     scoring.SamplingSpec())
+  b = dict(
+      prompt=jnp.asarray(rng.integers(1, V, (n, tp)), jnp.int32),
+      prompt_mask=jnp.ones((n, tp), bool),
+      completion=jnp.asarray(rng.integers(1, V, (n, tc)), jnp.int32),
+      completion_mask=jnp.asarray(np.arange(tc)[None] < lens[:, None], jnp.float32),
+  )
+  sc = jax.jit(scoring.score, static_argnums=(0, 6))(
+      graphdef,
+      params,
+      b["prompt"],
+      b["prompt_mask"],
+      b["completion"],
+      b["completion_mask"],
+      scoring.SamplingSpec(),
+  )
   logp = sc.logprobs
   noise = lambda s: 0.05 * jnp.asarray(rng.standard_normal((n, tc)), jnp.float32)
-  b.update(logp_old=(logp + noise(1)) * b["completion_mask"],
-           logp_ref=(logp + noise(2)) * b["completion_mask"],
-           adv=jnp.asarray(np.repeat(rng.standard_normal((n, 1)), tc, 1), jnp.float32),
-           returns=jnp.zeros((n, tc), jnp.float32),
-           old_values=jnp.zeros((n, tc), jnp.float32),
-           on_policy=jnp.zeros((n,), bool))
+  b.update(
+      logp_old=(logp + noise(1)) * b["completion_mask"],
+      logp_ref=(logp + noise(2)) * b["completion_mask"],
+      adv=jnp.asarray(np.repeat(rng.standard_normal((n, 1)), tc, 1), jnp.float32),
+      returns=jnp.zeros((n, tc), jnp.float32),
+      old_values=jnp.zeros((n, tc), jnp.float32),
+      on_policy=jnp.zeros((n,), bool),
+  )
   return b
 
 
@@ -113,7 +131,8 @@ def make_update(graphdef, c, spec):
   def update(state, batch):
     params, opt_state = state
     (loss, _), grads = jax.value_and_grad(objective.batch_loss, has_aux=True)(
-        params, graphdef, batch, objective.counts_of(batch), rl_spec, spec)
+        params, graphdef, batch, objective.counts_of(batch), rl_spec, spec
+    )
     updates, opt_state = tx.update(grads, opt_state, params)
     params = jax.tree.map(lambda p, u: p + u, params, updates)
     return (params, opt_state), loss
@@ -125,8 +144,12 @@ def main():
   ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   ap.add_argument("--cases", default=",".join(CASES), help=f"subset of {list(CASES)}")
   ap.add_argument("--repeats", type=int, default=7, help="timed calls per case (median)")
-  ap.add_argument("--dtype", default="float32", choices=sorted(model_lib.DTYPES),
-                  help="compute dtype of the model and of the matmul peak")
+  ap.add_argument(
+      "--dtype",
+      default="float32",
+      choices=sorted(model_lib.DTYPES),
+      help="compute dtype of the model and of the matmul peak",
+  )
   ap.add_argument("--quick", action="store_true", help="batches / 4, 3 repeats")
   args = ap.parse_args()
   names = [s for s in args.cases.split(",") if s]
@@ -142,7 +165,7 @@ def main():
   mm_n = 2048 if dev.platform == "cpu" else 8192
   a = jax.random.normal(jax.random.key(0), (mm_n, mm_n), jnp.float32).astype(dt)
   matmul = jax.jit(lambda x: x @ x)
-  arms = {"matmul": (lambda: matmul(a), 2.0 * mm_n ** 3)}
+  arms = {"matmul": (lambda: matmul(a), 2.0 * mm_n**3)}
   info = {}
   for name in names:
     c, spec, n, tp, tc = case_config(name, args.dtype, args.quick)
@@ -158,8 +181,14 @@ def main():
     dims = systems.ModelDims.from_config(c.model)
     flops = systems.train_flops(dims, n, tp, tc)
     arms[name] = (call, flops)
-    info[name] = dict(params=model_lib.param_count(params), active=dims.active_params,
-                      n=n, tp=tp, tc=tc, flops=flops)
+    info[name] = dict(
+        params=model_lib.param_count(params),
+        active=dims.active_params,
+        n=n,
+        tp=tp,
+        tc=tc,
+        flops=flops,
+    )
 
   for name, (fn, _) in arms.items():  # compile + warm up
     t = time.perf_counter()
@@ -174,18 +203,24 @@ def main():
   med = {k: float(np.median(v)) for k, v in times.items()}
   peak = arms["matmul"][1] / med["matmul"]
 
-  print(f"jax {jax.__version__} on {dev.platform} ({dev.device_kind}); dtype {args.dtype}; "
-        f"{mm_n}^2 matmul {peak / 1e9:.1f} GFLOP/s (median of {repeats}, interleaved)")
-  print(f"{'case':<11}{'params':>12}{'rollouts':>9}{'tokens':>8}{'GFLOP':>9}"
-        f"{'ms':>10}{'GFLOP/s':>9}{'MFU':>7}")
+  print(
+      f"jax {jax.__version__} on {dev.platform} ({dev.device_kind}); dtype {args.dtype}; "
+      f"{mm_n}^2 matmul {peak / 1e9:.1f} GFLOP/s (median of {repeats}, interleaved)"
+  )
+  print(
+      f"{'case':<11}{'params':>12}{'rollouts':>9}{'tokens':>8}{'GFLOP':>9}"
+      f"{'ms':>10}{'GFLOP/s':>9}{'MFU':>7}"
+  )
   mfu = {}
   for name in names:
     i = info[name]
     rate = i["flops"] / med[name]
     mfu[name] = rate / peak
-    print(f"{name:<11}{i['params']:>12,}{i['n']:>9}{i['tp'] + i['tc']:>8}"
-          f"{i['flops'] / 1e9:>9.2f}{med[name] * 1e3:>10.1f}{rate / 1e9:>9.1f}"
-          f"{mfu[name]:>7.3f}")
+    print(
+        f"{name:<11}{i['params']:>12,}{i['n']:>9}{i['tp'] + i['tc']:>8}"
+        f"{i['flops'] / 1e9:>9.2f}{med[name] * 1e3:>10.1f}{rate / 1e9:>9.1f}"
+        f"{mfu[name]:>7.3f}"
+    )
   print(f"RESULT train_mfu_vs_matmul={mfu['25m']:.3f}")
 
 

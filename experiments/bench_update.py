@@ -27,6 +27,7 @@ time, against the matmul's FLOP/s. Last line:
 
     RESULT update_speedup=<host/scanned at off-policy shapes> update_mfu_vs_matmul=<float>
 """
+
 from __future__ import annotations
 
 import argparse
@@ -58,7 +59,7 @@ def make_case(c):
   for _ in range(E):
     perm = rng.permutation(P)
     for m in range(M):
-      p = perm[m * P_mb:(m + 1) * P_mb]
+      p = perm[m * P_mb : (m + 1) * P_mb]
       idx.append((p[:, None] * K + np.arange(K)[None]).reshape(-1))
   idx = np.stack(idx)
   lrs = np.full(len(idx), c.optim.lr, np.float32)
@@ -73,7 +74,7 @@ def make_case(c):
     for j in range(len(idx)):
       mb = {k: jnp.take(v, jnp.asarray(idx[j]), axis=0) for k, v in batch.items()}
       mb = jax.device_put(mb)
-      st, m, _ = updater(st, mb, whole, lrs[j:j + 1], j == 0, split=j == 0)
+      st, m, _ = updater(st, mb, whole, lrs[j : j + 1], j == 0, split=j == 0)
       rows.append(m)
     jax.device_get(rows)
     return st
@@ -83,10 +84,18 @@ def make_case(c):
     jax.device_get((m, extras))
     return st
 
-  flops = systems.train_flops(setup.model, idx.size, batch["prompt"].shape[1],
-                              batch["completion"].shape[1])
-  return dict(host=host_loop, scanned=scanned, state=copy(state), flops=flops,
-              updates=len(idx), rollouts=idx.shape[1], params=model_lib.param_count(params))
+  flops = systems.train_flops(
+      setup.model, idx.size, batch["prompt"].shape[1], batch["completion"].shape[1]
+  )
+  return dict(
+      host=host_loop,
+      scanned=scanned,
+      state=copy(state),
+      flops=flops,
+      updates=len(idx),
+      rollouts=idx.shape[1],
+      params=model_lib.param_count(params),
+  )
 
 
 def bench(case, repeats: int, mm) -> dict:
@@ -117,8 +126,10 @@ def main():
       c.batch.rollouts_per_prompt = 4
       c.noise.chunk_prompts = 2
   mm = probes.MatmulProbe(1024 if args.quick else 2048)
-  print(f"{'shape':<12}{'params':>9}{'updates':>8}{'rollouts/upd':>13}"
-        f"{'host ms':>10}{'scanned ms':>12}{'speedup':>9}{'MFU':>7}")
+  print(
+      f"{'shape':<12}{'params':>9}{'updates':>8}{'rollouts/upd':>13}"
+      f"{'host ms':>10}{'scanned ms':>12}{'speedup':>9}{'MFU':>7}"
+  )
   res = {}
   for name, c in cases.items():
     case = make_case(c)
@@ -126,11 +137,15 @@ def main():
     peak = mm.flops(t["matmul"])
     mfu = case["flops"] / t["scanned"] / peak
     res[name] = dict(speedup=t["host"] / t["scanned"], mfu=mfu)
-    print(f"{name:<12}{case['params']:>9}{case['updates']:>8}{case['rollouts']:>13}"
-          f"{t['host'] * 1e3:>10.1f}{t['scanned'] * 1e3:>12.1f}"
-          f"{t['host'] / t['scanned']:>9.2f}{mfu:>7.3f}  (matmul {peak / 1e9:.1f} GFLOP/s)")
-  print(f"RESULT update_speedup={res['offpolicy']['speedup']:.3f} "
-        f"update_mfu_vs_matmul={res['quickstart']['mfu']:.3f}")
+    print(
+        f"{name:<12}{case['params']:>9}{case['updates']:>8}{case['rollouts']:>13}"
+        f"{t['host'] * 1e3:>10.1f}{t['scanned'] * 1e3:>12.1f}"
+        f"{t['host'] / t['scanned']:>9.2f}{mfu:>7.3f}  (matmul {peak / 1e9:.1f} GFLOP/s)"
+    )
+  print(
+      f"RESULT update_speedup={res['offpolicy']['speedup']:.3f} "
+      f"update_mfu_vs_matmul={res['quickstart']['mfu']:.3f}"
+  )
 
 
 if __name__ == "__main__":

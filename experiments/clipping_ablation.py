@@ -17,6 +17,7 @@ clip 0.2 minus clip 10.
 Writes experiments/results/clipping_ablation/: the table (.md, .csv), a
 figure of kappa by update and of the learning curves, manifest.json.
 """
+
 from __future__ import annotations
 
 import json
@@ -40,8 +41,11 @@ NAME = "clipping_ablation"
 
 def parse_args(argv=None):
   ap = study_runner.parser(__doc__, NAME, "sweep root, one run per variant and seed")
-  ap.add_argument("--variants", default=",".join(drift_noise.CLIP_VARIANTS),
-                  help="clipping schemes of configs/drift_noise.py")
+  ap.add_argument(
+      "--variants",
+      default=",".join(drift_noise.CLIP_VARIANTS),
+      help="clipping schemes of configs/drift_noise.py",
+  )
   args = study_runner.parse(ap, argv)
   for v in args.variants.split(","):
     if v not in drift_noise.CLIP_VARIANTS:
@@ -52,13 +56,19 @@ def parse_args(argv=None):
 def run_record(workdir):
   rows = metrics_lib.read_jsonl(os.path.join(workdir, "metrics.jsonl"))
   upd = [r for r in rows if "heldout_kappa_exact_by_update" in r]
-  kap = np.array([r["heldout_kappa_exact_by_update"] for r in upd])   # rounds x updates
-  clip = np.array([np.add(r["clip_frac_low_by_update"], r["clip_frac_high_by_update"])
-                   for r in upd])
+  kap = np.array([r["heldout_kappa_exact_by_update"] for r in upd])  # rounds x updates
+  clip = np.array(
+      [np.add(r["clip_frac_low_by_update"], r["clip_frac_high_by_update"]) for r in upd]
+  )
   curve = study.run_curve(workdir)
-  return dict(kappa_mean=float(kap[:, 1:].mean()), kappa_final=float(kap[:, -1].mean()),
-              kappa_by_update=kap.mean(0).tolist(), clip_frac=float(clip[:, 1:].mean()),
-              final_pass=float(curve["value"][-1]), curve=curve)
+  return dict(
+      kappa_mean=float(kap[:, 1:].mean()),
+      kappa_final=float(kap[:, -1].mean()),
+      kappa_by_update=kap.mean(0).tolist(),
+      clip_frac=float(clip[:, 1:].mean()),
+      final_pass=float(curve["value"][-1]),
+      curve=curve,
+  )
 
 
 def main(argv=None):
@@ -74,8 +84,11 @@ def main(argv=None):
       c = drift_noise.get_config(v)
       if args.quick:  # the tiny model and batch of "quick", this variant's clipping
         q = drift_noise.get_config("quick")
-        q.rl.loss, q.rl.clip_eps_low, q.rl.clip_eps_high = c.rl.loss, c.rl.clip_eps_low, \
-            c.rl.clip_eps_high
+        q.rl.loss, q.rl.clip_eps_low, q.rl.clip_eps_high = (
+            c.rl.loss,
+            c.rl.clip_eps_low,
+            c.rl.clip_eps_high,
+        )
         q.rl.clip_c, q.noise.drift_every = c.rl.clip_c, 0
         c = q
       c.seed = s
@@ -86,10 +99,14 @@ def main(argv=None):
   table = []
   for v in variants:
     rs = [rec[f"{v}__seed={s}"] for s in seeds]
-    d = dict(variant=v, clip=f"({configs[f'{v}__seed=0'].rl.clip_eps_low}, "
-             f"{configs[f'{v}__seed=0'].rl.clip_eps_high})"
-             + (f" c={configs[f'{v}__seed=0'].rl.clip_c}" if configs[f'{v}__seed=0'].rl.clip_c
-                else "") + f" {configs[f'{v}__seed=0'].rl.loss}", seeds=len(rs))
+    d = dict(
+        variant=v,
+        clip=f"({configs[f'{v}__seed=0'].rl.clip_eps_low}, "
+        f"{configs[f'{v}__seed=0'].rl.clip_eps_high})"
+        + (f" c={configs[f'{v}__seed=0'].rl.clip_c}" if configs[f"{v}__seed=0"].rl.clip_c else "")
+        + f" {configs[f'{v}__seed=0'].rl.loss}",
+        seeds=len(rs),
+    )
     for k in ("kappa_mean", "kappa_final", "clip_frac", "final_pass"):
       iv = study.seed_interval([r[k] for r in rs])
       d[k] = stats.fmt(iv["mean"], iv["lo"], iv["hi"])
@@ -100,42 +117,81 @@ def main(argv=None):
     for k in ("kappa_mean", "kappa_final", "final_pass"):
       diff = [rec[f"clip0.2__seed={s}"][k] - rec[f"clip10__seed={s}"][k] for s in seeds]
       iv = study.seed_interval(diff)
-      verdict = ("unresolved (interval contains 0)" if iv["lo"] is not None and
-                 iv["lo"] <= 0 <= iv["hi"] else "resolved")
+      verdict = (
+          "unresolved (interval contains 0)"
+          if iv["lo"] is not None and iv["lo"] <= 0 <= iv["hi"]
+          else "resolved"
+      )
       paired.append(f"| {k} | {stats.fmt(iv['mean'], iv['lo'], iv['hi'])} | {verdict} |")
   cols = ["variant", "clip", "seeds", "kappa_mean", "kappa_final", "clip_frac", "final_pass"]
-  notes = ["kappa_mean: exact KL(behaviour || current) per token on probe rollouts, mean over "
-           "updates 1-7 and rounds; kappa_final: at the last update of a round; clip_frac: "
-           "fraction of tokens clipped (low + high) in updates 1-7; final_pass: held-out exact "
-           "expected pass rate at the end. Mean [90% t-interval] over seeds.", "",
-           "## Paired by seed: clip 0.2 minus clip 10", "",
-           "| quantity | difference [90% t-interval] | verdict |", "|---|---|---|", *paired, "",
-           "Published: kappa 0.080 (clip 0.2) vs 0.088 (clip 10); final pass 0.70 vs 0.86.",
-           f"Command: `{' '.join(['python'] + sys.argv)}`."]
-  out.table([{k: v for k, v in r.items() if not k.endswith("_raw")} for r in table], cols,
-            title="Clipping ablation (8 updates per generation round)", notes="\n".join(notes))
+  notes = [
+      "kappa_mean: exact KL(behaviour || current) per token on probe rollouts, mean over "
+      "updates 1-7 and rounds; kappa_final: at the last update of a round; clip_frac: "
+      "fraction of tokens clipped (low + high) in updates 1-7; final_pass: held-out exact "
+      "expected pass rate at the end. Mean [90% t-interval] over seeds.",
+      "",
+      "## Paired by seed: clip 0.2 minus clip 10",
+      "",
+      "| quantity | difference [90% t-interval] | verdict |",
+      "|---|---|---|",
+      *paired,
+      "",
+      "Published: kappa 0.080 (clip 0.2) vs 0.088 (clip 10); final pass 0.70 vs 0.86.",
+      f"Command: `{' '.join(['python'] + sys.argv)}`.",
+  ]
+  out.table(
+      [{k: v for k, v in r.items() if not k.endswith("_raw")} for r in table],
+      cols,
+      title="Clipping ablation (8 updates per generation round)",
+      notes="\n".join(notes),
+  )
   with open(out.path(".json"), "w") as f:
-    json.dump({n: {k: v for k, v in r.items() if k != "curve"} for n, r in rec.items()}, f,
-              indent=1, default=float)
-  series = {v: np.mean([rec[f"{v}__seed={s}"]["kappa_by_update"] for s in seeds], 0)
-            for v in variants}
+    json.dump(
+        {n: {k: v for k, v in r.items() if k != "curve"} for n, r in rec.items()},
+        f,
+        indent=1,
+        default=float,
+    )
+  series = {
+      v: np.mean([rec[f"{v}__seed={s}"]["kappa_by_update"] for s in seeds], 0) for v in variants
+  }
   U = len(next(iter(series.values())))
-  plots.save(plots.noise_over_training(list(range(U)), series, ylabel="kappa (nats/token)",
-                                       xlabel="update within the round", logy=False,
-                                       title="drift by update (mean over rounds and seeds)"),
-             out.path("_kappa.png"))
+  plots.save(
+      plots.noise_over_training(
+          list(range(U)),
+          series,
+          ylabel="kappa (nats/token)",
+          xlabel="update within the round",
+          logy=False,
+          title="drift by update (mean over rounds and seeds)",
+      ),
+      out.path("_kappa.png"),
+  )
   curves = []
   for v in variants:
     mc = study.mean_curve([rec[f"{v}__seed={s}"]["curve"] for s in seeds])
     if len(mc["x"]):
       b = configs[f"{v}__seed={seeds[0]}"].batch  # updates per rollout: m / N
       per = b.num_minibatches / (b.num_prompts * b.rollouts_per_prompt)
-      curves.append(dict(label=v, rollouts=mc["x"], steps=mc["x"] * per, value=mc["mean"],
-                         lo=mc["lo"], hi=mc["hi"]))
-  plots.save(plots.learning_curves(curves, title="clipping ablation (mean, range over seeds)"),
-             out.path(".png"))
-  out.manifest(config={n: c.to_dict() for n, c in configs.items()},
-               wall_seconds=time.time() - t0, variants=variants)
+      curves.append(
+          dict(
+              label=v,
+              rollouts=mc["x"],
+              steps=mc["x"] * per,
+              value=mc["mean"],
+              lo=mc["lo"],
+              hi=mc["hi"],
+          )
+      )
+  plots.save(
+      plots.learning_curves(curves, title="clipping ablation (mean, range over seeds)"),
+      out.path(".png"),
+  )
+  out.manifest(
+      config={n: c.to_dict() for n, c in configs.items()},
+      wall_seconds=time.time() - t0,
+      variants=variants,
+  )
 
 
 if __name__ == "__main__":

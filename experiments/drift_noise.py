@@ -26,6 +26,7 @@ the measured trace: hence the unclipped arm.
 Writes experiments/results/drift_noise/: the per-point table (.md, .csv),
 the fits, figures of each quantity against kappa, manifest.json.
 """
+
 from __future__ import annotations
 
 import json
@@ -53,8 +54,12 @@ def parse_args(argv=None):
   ap = study_runner.parser(__doc__, NAME, "sweep root, one run <root>/<variant> each")
   ap.add_argument("--reuse", default="2,4,8,16", help="updates per round m")
   ap.add_argument("--arms", default="pg,clip", help="pg (unclipped) and/or clip (0.2)")
-  ap.add_argument("--skip_rounds", type=int, default=5,
-                  help="first rounds left out of the pooling (Adam warming up)")
+  ap.add_argument(
+      "--skip_rounds",
+      type=int,
+      default=5,
+      help="first rounds left out of the pooling (Adam warming up)",
+  )
   args = study_runner.parse(ap, argv)
   if args.quick:
     args.skip_rounds = 0
@@ -63,32 +68,58 @@ def parse_args(argv=None):
 
 def points(workdir, K, P_mb, skip):
   """One pooled point per update index j of the run in ``workdir``."""
-  rows = [r for r in metrics_lib.read_jsonl(os.path.join(workdir, "metrics.jsonl"))
-          if r.get("round", 0) > skip and "trace_intra_by_update" in r]
+  rows = [
+      r
+      for r in metrics_lib.read_jsonl(os.path.join(workdir, "metrics.jsonl"))
+      if r.get("round", 0) > skip and "trace_intra_by_update" in r
+  ]
   if not rows:
     return []
   U = len(rows[0]["trace_intra_by_update"])
   out = []
   for j in range(U):
-    ests = [dict(trace_intra=r["trace_intra_by_update"][j],
-                 trace_inter=r["trace_inter_by_update"][j], g2=r["g2_by_update"][j])
-            for r in rows]
+    ests = [
+        dict(
+            trace_intra=r["trace_intra_by_update"][j],
+            trace_inter=r["trace_inter_by_update"][j],
+            g2=r["g2_by_update"][j],
+        )
+        for r in rows
+    ]
     pooled = noise_stats.pooled_estimates(ests, P_mb, K)
     kap = np.array([r["heldout_kappa_exact_by_update"][j] for r in rows])
     # ratio of the rounds' sums, not the mean of per-round ratios: that one is
     # biased upward by ~CV(tr_0)^2, large for the small minibatches of big m
-    infl, infl_se = stats.ratio_of_means([r["trace_intra_by_update"][j] for r in rows],
-                                         [r["trace_intra_by_update"][0] for r in rows])
-    clip = np.array([r.get("clip_frac_low_by_update", [0] * U)[j] +
-                     r.get("clip_frac_high_by_update", [0] * U)[j] for r in rows])
+    infl, infl_se = stats.ratio_of_means(
+        [r["trace_intra_by_update"][j] for r in rows], [r["trace_intra_by_update"][0] for r in rows]
+    )
+    clip = np.array(
+        [
+            r.get("clip_frac_low_by_update", [0] * U)[j]
+            + r.get("clip_frac_high_by_update", [0] * U)[j]
+            for r in rows
+        ]
+    )
     n = len(rows)
-    out.append(dict(j=j, rounds=n, kappa=float(kap.mean()), kappa_se=float(
-        kap.std(ddof=1) / np.sqrt(n)) if n > 1 else None,
-        inflation=infl, inflation_se=infl_se if j else None,
-        trace_intra=pooled.trace_intra, trace_intra_se=pooled.trace_intra_se,
-        trace_inter=pooled.trace_inter, trace_inter_se=pooled.trace_inter_se,
-        g2=pooled.g2, g2_se=pooled.g2_se, b_noise=pooled.b_noise,
-        b_noise_se=pooled.b_noise_se, clip_frac=float(clip.mean())))
+    out.append(
+        dict(
+            j=j,
+            rounds=n,
+            kappa=float(kap.mean()),
+            kappa_se=float(kap.std(ddof=1) / np.sqrt(n)) if n > 1 else None,
+            inflation=infl,
+            inflation_se=infl_se if j else None,
+            trace_intra=pooled.trace_intra,
+            trace_intra_se=pooled.trace_intra_se,
+            trace_inter=pooled.trace_inter,
+            trace_inter_se=pooled.trace_inter_se,
+            g2=pooled.g2,
+            g2_se=pooled.g2_se,
+            b_noise=pooled.b_noise,
+            b_noise_se=pooled.b_noise_se,
+            clip_frac=float(clip.mean()),
+        )
+    )
   return out
 
 
@@ -107,8 +138,9 @@ def main(argv=None):
     row = rows[v]
     m = c.batch.num_minibatches
     arm = "pg" if c.rl.loss == "pg" else "clip"
-    for p in points(row["workdir"], c.batch.rollouts_per_prompt,
-                    c.batch.num_prompts // m, args.skip_rounds):
+    for p in points(
+        row["workdir"], c.batch.rollouts_per_prompt, c.batch.num_prompts // m, args.skip_rounds
+    ):
       table.append(dict(arm=arm, m=m, **p))
 
   fits = {}
@@ -119,42 +151,74 @@ def main(argv=None):
     for q in QUANTITIES:
       sel = [r for r in pts + base if r[q] == r[q] and r[f"{q}_se"]]
       try:
-        fits[arm][q] = drift.fit_trend([r["kappa"] for r in sel], [r[q] for r in sel],
-                                       [r[f"{q}_se"] for r in sel])
+        fits[arm][q] = drift.fit_trend(
+            [r["kappa"] for r in sel], [r[q] for r in sel], [r[f"{q}_se"] for r in sel]
+        )
       except ValueError as e:
         fits[arm][q] = dict(verdict="unresolved", error=str(e))
 
-  show = [dict(arm=r["arm"], m=r["m"], j=r["j"], rounds=r["rounds"],
-               kappa=stats.fmt(r["kappa"], se=r["kappa_se"]),
-               inflation=stats.fmt(r["inflation"], se=r["inflation_se"]),
-               trace_intra=stats.fmt(r["trace_intra"], se=r["trace_intra_se"]),
-               trace_inter=stats.fmt(r["trace_inter"], se=r["trace_inter_se"]),
-               g2=stats.fmt(r["g2"], se=r["g2_se"]),
-               b_noise=stats.fmt(r["b_noise"], se=r["b_noise_se"]),
-               clip_frac=r["clip_frac"]) for r in table]
-  cols = ["arm", "m", "j", "rounds", "kappa", "inflation", "trace_intra", "trace_inter",
-          "g2", "b_noise", "clip_frac"]
-  lines = ["| arm | quantity | verdict | p(linear) | p(quadratic) | linear slope ± SE | "
-           "quadratic a2 ± SE |", "|---|---|---|---|---|---|---|"]
+  show = [
+      dict(
+          arm=r["arm"],
+          m=r["m"],
+          j=r["j"],
+          rounds=r["rounds"],
+          kappa=stats.fmt(r["kappa"], se=r["kappa_se"]),
+          inflation=stats.fmt(r["inflation"], se=r["inflation_se"]),
+          trace_intra=stats.fmt(r["trace_intra"], se=r["trace_intra_se"]),
+          trace_inter=stats.fmt(r["trace_inter"], se=r["trace_inter_se"]),
+          g2=stats.fmt(r["g2"], se=r["g2_se"]),
+          b_noise=stats.fmt(r["b_noise"], se=r["b_noise_se"]),
+          clip_frac=r["clip_frac"],
+      )
+      for r in table
+  ]
+  cols = [
+      "arm",
+      "m",
+      "j",
+      "rounds",
+      "kappa",
+      "inflation",
+      "trace_intra",
+      "trace_inter",
+      "g2",
+      "b_noise",
+      "clip_frac",
+  ]
+  lines = [
+      "| arm | quantity | verdict | p(linear) | p(quadratic) | linear slope ± SE | "
+      "quadratic a2 ± SE |",
+      "|---|---|---|---|---|---|---|",
+  ]
   for arm, fq in fits.items():
     for q, f in fq.items():
       if "error" in f:
         lines.append(f"| {arm} | {q} | unresolved: {f['error']} | | | | |")
         continue
-      lines.append(f"| {arm} | {q} | {f['verdict']} | {f['p_linear']:.3g} | "
-                   f"{f['p_quadratic']:.3g} | "
-                   f"{stats.fmt(f['linear']['coef'][1], se=f['linear']['se'][1])} | "
-                   f"{stats.fmt(f['quadratic']['coef'][2], se=f['quadratic']['se'][2])} |")
-  notes = ["kappa: KL(behaviour || current) per token, exact, on probe rollouts no update "
-           "uses, before update j (j = 0: on-policy, 0). inflation: tr Σ_intra at update j / "
-           "at update 0, summed over rounds before dividing (jackknife SE over rounds). Other columns: pooled over "
-           "rounds at update j (jackknife SE); b_noise nan where |G|^2 is not resolved. "
-           "pg = plain importance-weighted policy gradient (no clipping); clip = PPO 0.2.",
-           "", "## Trend against kappa (weighted by the points' SEs; F-tests at 0.05)", "",
-           *lines, "", "Published: noise inflates quadratically in kappa.",
-           f"Command: `{' '.join(['python'] + sys.argv)}`."]
-  out.table(show, cols, title="Gradient noise against drift (off-policy reuse)",
-            notes="\n".join(notes))
+      lines.append(
+          f"| {arm} | {q} | {f['verdict']} | {f['p_linear']:.3g} | "
+          f"{f['p_quadratic']:.3g} | "
+          f"{stats.fmt(f['linear']['coef'][1], se=f['linear']['se'][1])} | "
+          f"{stats.fmt(f['quadratic']['coef'][2], se=f['quadratic']['se'][2])} |"
+      )
+  notes = [
+      "kappa: KL(behaviour || current) per token, exact, on probe rollouts no update "
+      "uses, before update j (j = 0: on-policy, 0). inflation: tr Σ_intra at update j / "
+      "at update 0, summed over rounds before dividing (jackknife SE over rounds). Other columns: pooled over "
+      "rounds at update j (jackknife SE); b_noise nan where |G|^2 is not resolved. "
+      "pg = plain importance-weighted policy gradient (no clipping); clip = PPO 0.2.",
+      "",
+      "## Trend against kappa (weighted by the points' SEs; F-tests at 0.05)",
+      "",
+      *lines,
+      "",
+      "Published: noise inflates quadratically in kappa.",
+      f"Command: `{' '.join(['python'] + sys.argv)}`.",
+  ]
+  out.table(
+      show, cols, title="Gradient noise against drift (off-policy reuse)", notes="\n".join(notes)
+  )
   with open(out.path("_fits.json"), "w") as f:
     json.dump(dict(fits=fits, points=table), f, indent=1, default=float)
   for q in ("inflation", "trace_intra", "b_noise"):
@@ -163,13 +227,20 @@ def main(argv=None):
       if not sel:
         continue
       fit = fits[arm][q] if "error" not in fits[arm][q] else None
-      fig = plots.noise_vs_kappa([r["kappa"] for r in sel], [r[q] for r in sel],
-                                 [r[f"{q}_se"] for r in sel], fit=fit,
-                                 ylabel=q.replace("_", " "),
-                                 title=f"{q} vs drift ({arm})")
+      fig = plots.noise_vs_kappa(
+          [r["kappa"] for r in sel],
+          [r[q] for r in sel],
+          [r[f"{q}_se"] for r in sel],
+          fit=fit,
+          ylabel=q.replace("_", " "),
+          title=f"{q} vs drift ({arm})",
+      )
       plots.save(fig, out.path(f"_{arm}_{q}.png"))
-  out.manifest(config={v: c.to_dict() for v, c in configs.items()},
-               wall_seconds=time.time() - t0, variants=variants)
+  out.manifest(
+      config={v: c.to_dict() for v, c in configs.items()},
+      wall_seconds=time.time() - t0,
+      variants=variants,
+  )
 
 
 if __name__ == "__main__":

@@ -22,6 +22,7 @@ is 2x: 1.25 sits well inside the perfect-scaling regime).
 Writes experiments/results/lr_scaling/: table (.md, .csv), per-run CSV,
 learning curves per rule, E(N) per rule, manifest.json.
 """
+
 from __future__ import annotations
 
 import os
@@ -46,10 +47,17 @@ HOLDS = 1.25
 
 
 def parse_args(argv=None):
-  ap = study_runner.parser(__doc__, NAME, "sweep root of the constant/linear runs",
-                           on_root_help="the on-policy study's sweep root, the sqrt runs")
-  ap.add_argument("--rules", default=",".join(RULES),
-                  help="rules to compare, comma-separated (the sqrt runs are read back)")
+  ap = study_runner.parser(
+      __doc__,
+      NAME,
+      "sweep root of the constant/linear runs",
+      on_root_help="the on-policy study's sweep root, the sqrt runs",
+  )
+  ap.add_argument(
+      "--rules",
+      default=",".join(RULES),
+      help="rules to compare, comma-separated (the sqrt runs are read back)",
+  )
   args = study_runner.parse(ap, argv)
   args.rules = [r for r in args.rules.split(",") if r]
   bad = [r for r in args.rules if r not in RULES]
@@ -66,8 +74,13 @@ def curve_distance(curves, ref) -> float | None:
   if hi <= lo:
     return None
   grid = np.geomspace(lo, hi, 40)
-  return float(np.mean(np.abs(np.interp(grid, curves["x"], curves["mean"]) -
-                              np.interp(grid, ref["x"], ref["mean"]))))
+  return float(
+      np.mean(
+          np.abs(
+              np.interp(grid, curves["x"], curves["mean"]) - np.interp(grid, ref["x"], ref["mean"])
+          )
+      )
+  )
 
 
 def main(argv=None):
@@ -88,13 +101,17 @@ def main(argv=None):
       rows = study_runner.run_study(c, batch_law.sweep("quick"), where, workers=args.workers)
     elif rule == "sqrt":
       c = batch_law.get_config("on")
-      over = [o for o in batch_law.sweep("on")
-              if o["batch.num_prompts"] * batch_law.K in batch_law.LR_NS]
+      over = [
+          o
+          for o in batch_law.sweep("on")
+          if o["batch.num_prompts"] * batch_law.K in batch_law.LR_NS
+      ]
       rows = study_runner.read_finished(over, args.on_root)
     else:
       c = batch_law.get_config(f"lr_{rule}")
-      rows = study_runner.run_study(c, batch_law.sweep(f"lr_{rule}"), os.path.join(args.root, rule),
-                                    workers=args.workers)
+      rows = study_runner.run_study(
+          c, batch_law.sweep(f"lr_{rule}"), os.path.join(args.root, rule), workers=args.workers
+      )
     records[rule], configs[rule] = study.collect(rows, tgt, c), c
 
   table, curves_fig = [], []
@@ -103,41 +120,69 @@ def main(argv=None):
     ns = sorted({r["N"] for r in recs})
     ref_n = 16 if quick else 256
     mc = {N: study.mean_curve([r["curve"] for r in recs if r["N"] == N]) for N in ns}
-    e0 = study.seed_interval([r["to_target"][main_t]["rollouts"] for r in recs
-                              if r["N"] == ns[0]])["mean"]
+    e0 = study.seed_interval([r["to_target"][main_t]["rollouts"] for r in recs if r["N"] == ns[0]])[
+        "mean"
+    ]
     for N in ns:
       rs = [r for r in recs if r["N"] == N]
       e = study.seed_interval([r["to_target"][main_t]["rollouts"] for r in rs])
       collapsed = sum(bool(r["summary"].get("stopped_collapsed")) for r in rs)
       ratio = e["mean"] / e0 if e["mean"] and e0 else None
       oc = configs[rule].optim
-      table.append(dict(rule=rule, N=N, lr=oc.lr * lr_rules.lr_scale(rule, N, oc.ref_batch),
-          E=stats.fmt(e["mean"], e["lo"], e["hi"]), E_ratio=ratio,
-          holds=None if ratio is None else ("yes" if ratio <= HOLDS else "no"),
-          distance=curve_distance(mc[N], mc.get(ref_n, mc[ns[0]])),
-          reached=f"{sum(r['to_target'][main_t]['rollouts'] is not None for r in rs)}"
-                  f"/{len(rs)}", collapsed=collapsed))
+      table.append(
+          dict(
+              rule=rule,
+              N=N,
+              lr=oc.lr * lr_rules.lr_scale(rule, N, oc.ref_batch),
+              E=stats.fmt(e["mean"], e["lo"], e["hi"]),
+              E_ratio=ratio,
+              holds=None if ratio is None else ("yes" if ratio <= HOLDS else "no"),
+              distance=curve_distance(mc[N], mc.get(ref_n, mc[ns[0]])),
+              reached=f"{sum(r['to_target'][main_t]['rollouts'] is not None for r in rs)}"
+              f"/{len(rs)}",
+              collapsed=collapsed,
+          )
+      )
     for N in ns:
       if len(mc[N]["x"]):
-        curves_fig.append(dict(label=f"{rule} N={N}", rollouts=mc[N]["x"],
-                               steps=mc[N]["x"] / N, value=mc[N]["mean"]))
+        curves_fig.append(
+            dict(
+                label=f"{rule} N={N}",
+                rollouts=mc[N]["x"],
+                steps=mc[N]["x"] / N,
+                value=mc[N]["mean"],
+            )
+        )
   cols = ["rule", "N", "lr", "E", "E_ratio", "holds", "distance", "reached", "collapsed"]
-  notes = [f"E: rollouts to expected pass {main_t} (mean [90% t-interval] over seeds); "
-           "E_ratio: E(N) / E(smallest N); holds: E_ratio <= 1.25; distance: mean "
-           "|pass(curve) - pass(N=256 curve)| over the common rollout range (seed means); "
-           f"collapsed: runs stopped below pass {batch_law.COLLAPSED}.",
-           f"Command: `{' '.join(['python'] + sys.argv)}`."]
-  out.table(table, cols, title=f"Learning-rate rules across N (target {main_t})",
-            notes="\n\n".join(notes))
-  study_report.write_runs_csv(out.path("_runs.csv"), [dict(r, name=f"{k}/{r['name']}")
-                                                      for k, v in records.items() for r in v], tgt)
+  notes = [
+      f"E: rollouts to expected pass {main_t} (mean [90% t-interval] over seeds); "
+      "E_ratio: E(N) / E(smallest N); holds: E_ratio <= 1.25; distance: mean "
+      "|pass(curve) - pass(N=256 curve)| over the common rollout range (seed means); "
+      f"collapsed: runs stopped below pass {batch_law.COLLAPSED}.",
+      f"Command: `{' '.join(['python'] + sys.argv)}`.",
+  ]
+  out.table(
+      table, cols, title=f"Learning-rate rules across N (target {main_t})", notes="\n\n".join(notes)
+  )
+  study_report.write_runs_csv(
+      out.path("_runs.csv"),
+      [dict(r, name=f"{k}/{r['name']}") for k, v in records.items() for r in v],
+      tgt,
+  )
   for rule in rules:
-    fig = plots.learning_curves([c for c in curves_fig if c["label"].startswith(rule + " ")],
-                                target=main_t, title=f"lr rule: {rule}",
-                                step_label="generation rounds", logx=True)
+    fig = plots.learning_curves(
+        [c for c in curves_fig if c["label"].startswith(rule + " ")],
+        target=main_t,
+        title=f"lr rule: {rule}",
+        step_label="generation rounds",
+        logx=True,
+    )
     plots.save(fig, out.path(f"_{rule}.png"))
-  out.manifest(config={k: v.to_dict() for k, v in configs.items()},
-               wall_seconds=time.time() - t0, targets=list(tgt))
+  out.manifest(
+      config={k: v.to_dict() for k, v in configs.items()},
+      wall_seconds=time.time() - t0,
+      targets=list(tgt),
+  )
 
 
 if __name__ == "__main__":

@@ -22,6 +22,7 @@ stops once its sampled pass rate reaches the mixed variant's final one.
 Writes experiments/results/noise_anatomy/: the table (.md, .csv), the
 intra/inter decomposition figure, the per-difficulty table, manifest.json.
 """
+
 from __future__ import annotations
 
 import os
@@ -43,14 +44,17 @@ from cbs_jax import train
 from configs import noise_anatomy
 
 NAME = "noise_anatomy"
-N_MEASURE = 1024           # rollouts per measured batch
-KS = (4, 16, 64)           # K measured directly on the mixed variant
+N_MEASURE = 1024  # rollouts per measured batch
+KS = (4, 16, 64)  # K measured directly on the mixed variant
 
 
 def parse_args(argv=None):
   ap = study_runner.parser(__doc__, NAME, "one sweep root per variant below it", workers=False)
-  ap.add_argument("--variants", default="mixed,homog,steps,countdown,large",
-                  help="comma-separated variants of configs/noise_anatomy.py")
+  ap.add_argument(
+      "--variants",
+      default="mixed,homog,steps,countdown,large",
+      help="comma-separated variants of configs/noise_anatomy.py",
+  )
   ap.add_argument("--batches", type=int, default=12, help="batches pooled per measurement")
   args = study_runner.parse(ap, argv)
   for v in args.variants.split(","):
@@ -64,21 +68,40 @@ def parse_args(argv=None):
 def sampled_pass(workdir):
   """(round, sampled pass rate) at every evaluation of a run."""
   rows = metrics_lib.read_jsonl(os.path.join(workdir, "metrics.jsonl"))
-  return [(r["round"], r.get("eval_pass_rate", study.score_of(r))) for r in rows
-          if study.score_of(r) is not None or r.get("eval_pass_rate") is not None]
+  return [
+      (r["round"], r.get("eval_pass_rate", study.score_of(r)))
+      for r in rows
+      if study.score_of(r) is not None or r.get("eval_pass_rate") is not None
+  ]
 
 
 def measured_row(variant, stage, rnd, pass_rate, K, res):
   e = res["exact"]
   share = K * e.b_inter / e.b_noise if e.b_noise == e.b_noise and e.b_noise else None
-  return dict(variant=variant, stage=stage, round=rnd, pass_rate=pass_rate, K=K,
-              P=res["P"], batches=res["M"], trace_intra=e.trace_intra,
-              trace_intra_se=e.trace_intra_se, trace_inter=e.trace_inter,
-              trace_inter_se=e.trace_inter_se, ratio=e.ratio, ratio_se=e.ratio_se,
-              b_intra=e.b_intra, b_intra_se=e.b_intra_se, b_inter=e.b_inter,
-              b_inter_se=e.b_inter_se, b_noise=e.b_noise, b_noise_se=e.b_noise_se,
-              inter_share=share, flag=e.flag or "",
-              by_difficulty=res.get("inter_by_difficulty"))
+  return dict(
+      variant=variant,
+      stage=stage,
+      round=rnd,
+      pass_rate=pass_rate,
+      K=K,
+      P=res["P"],
+      batches=res["M"],
+      trace_intra=e.trace_intra,
+      trace_intra_se=e.trace_intra_se,
+      trace_inter=e.trace_inter,
+      trace_inter_se=e.trace_inter_se,
+      ratio=e.ratio,
+      ratio_se=e.ratio_se,
+      b_intra=e.b_intra,
+      b_intra_se=e.b_intra_se,
+      b_inter=e.b_inter,
+      b_inter_se=e.b_inter_se,
+      b_noise=e.b_noise,
+      b_noise_se=e.b_noise_se,
+      inter_share=share,
+      flag=e.flag or "",
+      by_difficulty=res.get("inter_by_difficulty"),
+  )
 
 
 def main(argv=None):
@@ -93,8 +116,9 @@ def main(argv=None):
     over = {}
     if v == "steps" and ref_pass is not None:
       over = {"train.stop_at_pass_rate": round(float(ref_pass), 3)}
-    row = study_runner.run_study(configs[v], [over], os.path.join(args.root, v),
-                                 workers=1, progress=False)[0]
+    row = study_runner.run_study(
+        configs[v], [over], os.path.join(args.root, v), workers=1, progress=False
+    )[0]
     workdirs[v] = row["workdir"]
     if v in ("mixed", "quick"):
       ref_pass = sampled_pass(row["workdir"])[-1][1]
@@ -111,48 +135,96 @@ def main(argv=None):
       pr = dict(evals).get(got)
       for K in ks:
         P = (N_MEASURE if v != "quick" else 16) // K
-        res = measure.measure(c, graphdef, params, setup, P, K, args.batches, progress=False,
-                              opt_state=opt, by_difficulty=True,
-                              chunk_prompts=min(4, P))
+        res = measure.measure(
+            c,
+            graphdef,
+            params,
+            setup,
+            P,
+            K,
+            args.batches,
+            progress=False,
+            opt_state=opt,
+            by_difficulty=True,
+            chunk_prompts=min(4, P),
+        )
         table.append(measured_row(v, stage, got, pr, K, res))
 
-  cols = ["variant", "stage", "round", "pass_rate", "K", "ratio", "b_intra", "b_inter",
-          "b_noise", "inter_share", "flag"]
-  show = [dict(r, ratio=stats.fmt(r["ratio"], se=r["ratio_se"]),
-               b_intra=stats.fmt(r["b_intra"], se=r["b_intra_se"]),
-               b_inter=stats.fmt(r["b_inter"], se=r["b_inter_se"]),
-               b_noise=stats.fmt(r["b_noise"], se=r["b_noise_se"])) for r in table]
-  diff_lines = ["| variant | stage | K | difficulty | prompts | contribution to tr Σ_inter "
-                "(± SE) | share |", "|---|---|---|---|---|---|---|"]
+  cols = [
+      "variant",
+      "stage",
+      "round",
+      "pass_rate",
+      "K",
+      "ratio",
+      "b_intra",
+      "b_inter",
+      "b_noise",
+      "inter_share",
+      "flag",
+  ]
+  show = [
+      dict(
+          r,
+          ratio=stats.fmt(r["ratio"], se=r["ratio_se"]),
+          b_intra=stats.fmt(r["b_intra"], se=r["b_intra_se"]),
+          b_inter=stats.fmt(r["b_inter"], se=r["b_inter_se"]),
+          b_noise=stats.fmt(r["b_noise"], se=r["b_noise_se"]),
+      )
+      for r in table
+  ]
+  diff_lines = [
+      "| variant | stage | K | difficulty | prompts | contribution to tr Σ_inter "
+      "(± SE) | share |",
+      "|---|---|---|---|---|---|---|",
+  ]
   for r in table:
     bd = r["by_difficulty"] or {}
     total = sum(d["contribution"] for d in bd.values())
     for g, d in sorted(bd.items()):
-      diff_lines.append(f"| {r['variant']} | {r['stage']} | {r['K']} | {g} | {d['prompts']} | "
-                        f"{stats.fmt(d['contribution'], se=d['se'])} | "
-                        f"{d['contribution'] / total if total else float('nan'):.2f} |")
-  notes = ["ratio: per-rollout tr Σ_intra / tr Σ_inter (published ≈ 100); inter_share: "
-           "K B_inter / B_noise, the inter-prompt part of the batch noise at this K. "
-           "± one jackknife SE over pooled batches of 1,024 rollouts; B values are "
-           "flagged (nan) where |G|^2 is not significantly positive.", "",
-           "## Each difficulty's contribution to tr Σ_inter (sums to tr Σ_inter)", "",
-           *diff_lines, "", f"Command: `{' '.join(['python'] + sys.argv)}`."]
-  out.table(show, cols, title="Noise anatomy: intra- vs inter-prompt gradient noise",
-            notes="\n".join(notes))
+      diff_lines.append(
+          f"| {r['variant']} | {r['stage']} | {r['K']} | {g} | {d['prompts']} | "
+          f"{stats.fmt(d['contribution'], se=d['se'])} | "
+          f"{d['contribution'] / total if total else float('nan'):.2f} |"
+      )
+  notes = [
+      "ratio: per-rollout tr Σ_intra / tr Σ_inter (published ≈ 100); inter_share: "
+      "K B_inter / B_noise, the inter-prompt part of the batch noise at this K. "
+      "± one jackknife SE over pooled batches of 1,024 rollouts; B values are "
+      "flagged (nan) where |G|^2 is not significantly positive.",
+      "",
+      "## Each difficulty's contribution to tr Σ_inter (sums to tr Σ_inter)",
+      "",
+      *diff_lines,
+      "",
+      f"Command: `{' '.join(['python'] + sys.argv)}`.",
+  ]
+  out.table(
+      show,
+      cols,
+      title="Noise anatomy: intra- vs inter-prompt gradient noise",
+      notes="\n".join(notes),
+  )
   import json  # pylint: disable=import-outside-toplevel
+
   with open(out.path(".json"), "w") as f:
     json.dump(table, f, indent=1, default=float)
   k16 = [r for r in table if r["K"] == (16 if not args.quick else 4)]
-  fig = plots.noise_decomposition([f"{r['variant']}\n{r['stage']}" for r in k16],
-                                  [r["b_intra"] for r in k16],
-                                  [r["K"] * r["b_inter"] for r in k16],
-                                  [r["b_intra_se"] for r in k16],
-                                  [r["K"] * r["b_inter_se"] for r in k16],
-                                  title="B_noise = B_intra + K B_inter (K = 16)",
-                                  stacked=True)
+  fig = plots.noise_decomposition(
+      [f"{r['variant']}\n{r['stage']}" for r in k16],
+      [r["b_intra"] for r in k16],
+      [r["K"] * r["b_inter"] for r in k16],
+      [r["b_intra_se"] for r in k16],
+      [r["K"] * r["b_inter_se"] for r in k16],
+      title="B_noise = B_intra + K B_inter (K = 16)",
+      stacked=True,
+  )
   plots.save(fig, out.path(".png"))
-  out.manifest(config={v: c.to_dict() for v, c in configs.items()},
-               wall_seconds=time.time() - t0, variants=variants)
+  out.manifest(
+      config={v: c.to_dict() for v, c in configs.items()},
+      wall_seconds=time.time() - t0,
+      variants=variants,
+  )
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ rounds) in ``<out>/runs/default`` (unless that workdir already holds a
 finished run), then measures it with P = 4, K = 4, M = 2; ``--out``
 defaults to a fresh temp folder.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -41,23 +42,29 @@ KEYS = ("g2", "trace_intra", "trace_inter", "b_intra", "b_inter", "b_noise", "ra
 QUICK = dict(workdir=None, prompts=4, rollouts=4, batches=2, out=None)
 
 
-class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter,
-                     argparse.RawDescriptionHelpFormatter):
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
   pass
 
 
 def parse_args(argv=None) -> argparse.Namespace:
   ap = argparse.ArgumentParser(description=__doc__, formatter_class=_HelpFormatter)
-  ap.add_argument("--workdir", default="runs/default",
-                  help="Finished default run (--quick: <out>/runs/default, trained if unfinished).")
+  ap.add_argument(
+      "--workdir",
+      default="runs/default",
+      help="Finished default run (--quick: <out>/runs/default, trained if unfinished).",
+  )
   ap.add_argument("--prompts", type=int, default=64, help="P per measurement batch.")
   ap.add_argument("--rollouts", type=int, default=16, help="K per measurement batch.")
   ap.add_argument("--batches", type=int, default=24, help="Batches pooled per measurement.")
-  ap.add_argument("--out", default="experiments/results",
-                  help="Output folder (--quick: a fresh temp folder).")
-  ap.add_argument("--quick", action="store_true",
-                  help="Tiny smoke version (well under a minute): train the smoke config, "
-                       "measure with P=4, K=4, M=2, everything under --out.")
+  ap.add_argument(
+      "--out", default="experiments/results", help="Output folder (--quick: a fresh temp folder)."
+  )
+  ap.add_argument(
+      "--quick",
+      action="store_true",
+      help="Tiny smoke version (well under a minute): train the smoke config, "
+      "measure with P=4, K=4, M=2, everything under --out.",
+  )
   args = ap.parse_args(argv)
   if args.quick:
     ap.set_defaults(**QUICK)
@@ -80,17 +87,21 @@ def main(argv=None):
   setup = run_setup.prepare(config)
   results = {}
   for label, rnd in (("early", 0), ("late", None)):
-    graphdef, params, r, opt = measure.load_policy(config, args.workdir, setup, rnd,
-                                                   with_opt_state=True)
-    res = measure.measure(config, graphdef, params, setup, args.prompts, args.rollouts,
-                          args.batches, opt_state=opt)
+    graphdef, params, r, opt = measure.load_policy(
+        config, args.workdir, setup, rnd, with_opt_state=True
+    )
+    res = measure.measure(
+        config, graphdef, params, setup, args.prompts, args.rollouts, args.batches, opt_state=opt
+    )
     print(f"--- {label} (round {r})")
     print(measure.format_table(res))
     results[label] = dict(round=r, **measure.to_json(res))
   rows = metrics_lib.read_jsonl(os.path.join(args.workdir, "metrics.jsonl"))
   track = [r for r in rows if "noise_ema/b_noise" in r]
-  results["tracker"] = {k: [r.get(f"noise_ema/{k}") for r in track]
-                        for k in ("b_intra", "b_inter", "b_noise", "b_noise_lo", "b_noise_hi")}
+  results["tracker"] = {
+      k: [r.get(f"noise_ema/{k}") for r in track]
+      for k in ("b_intra", "b_inter", "b_noise", "b_noise_lo", "b_noise_hi")
+  }
   results["tracker"]["round"] = [r["round"] for r in track]
   with open(out.path(".json"), "w") as f:
     json.dump(results, f, indent=1, default=float)
@@ -100,29 +111,47 @@ def main(argv=None):
   for label in ("early", "late"):
     e = results[label]["exact"]
     a = results[label].get("adam")
-    table.append(dict(stage=label, round=results[label]["round"],
-                      reward=results[label]["reward_mean"],
-                      **{k: stats.fmt(e[k], se=e[k + "_se"]) for k in KEYS},
-                      b_noise_adam=stats.fmt(a["b_noise"], se=a["b_noise_se"]) if a else None,
-                      flag=e["flag"] or ""))
-  out.table(table, ["stage", "round", "reward", *KEYS, "b_noise_adam", "flag"],
-            title=f"Gradient noise of the default run, pooled P = {args.prompts} x K = {K} "
-            f"batches (± jackknife SE)",
-            notes=f"b_noise is at K = {K}; b_noise_adam in Adam's preconditioned metric "
-                  "(none at the SFT base: no Adam state yet). Tracker: the run's EMA "
-                  "(decay config.noise.ema_decay) of per-round split estimates.")
+    table.append(
+        dict(
+            stage=label,
+            round=results[label]["round"],
+            reward=results[label]["reward_mean"],
+            **{k: stats.fmt(e[k], se=e[k + "_se"]) for k in KEYS},
+            b_noise_adam=stats.fmt(a["b_noise"], se=a["b_noise_se"]) if a else None,
+            flag=e["flag"] or "",
+        )
+    )
+  out.table(
+      table,
+      ["stage", "round", "reward", *KEYS, "b_noise_adam", "flag"],
+      title=f"Gradient noise of the default run, pooled P = {args.prompts} x K = {K} "
+      f"batches (± jackknife SE)",
+      notes=f"b_noise is at K = {K}; b_noise_adam in Adam's preconditioned metric "
+      "(none at the SFT base: no Adam state yet). Tracker: the run's EMA "
+      "(decay config.noise.ema_decay) of per-round split estimates.",
+  )
   t = results["tracker"]
   nan = lambda xs: [np.nan if x is None else x for x in xs]
-  series = {"tracker B_noise": nan(t["b_noise"]), "tracker B_intra": nan(t["b_intra"]),
-            "tracker K·B_inter": [np.nan if x is None else K * x for x in t["b_inter"]]}
-  bands = {"tracker B_noise": (nan(t["b_noise_lo"]), nan(t["b_noise_hi"]))} \
-      if any(x is not None for x in t["b_noise_lo"]) else None
-  pts = {f"precise B_noise ({lab})": [results[lab]["exact"]["b_noise"]]
-         for lab in ("early", "late")}
-  xs = {k: t["round"] for k in series} | {f"precise B_noise ({lab})": [results[lab]["round"]]
-                                          for lab in ("early", "late")}
-  plots.save(plots.noise_over_training(xs, series | pts, bands=bands,
-                                       title="noise scale over training"), out.path(".png"))
+  series = {
+      "tracker B_noise": nan(t["b_noise"]),
+      "tracker B_intra": nan(t["b_intra"]),
+      "tracker K·B_inter": [np.nan if x is None else K * x for x in t["b_inter"]],
+  }
+  bands = (
+      {"tracker B_noise": (nan(t["b_noise_lo"]), nan(t["b_noise_hi"]))}
+      if any(x is not None for x in t["b_noise_lo"])
+      else None
+  )
+  pts = {
+      f"precise B_noise ({lab})": [results[lab]["exact"]["b_noise"]] for lab in ("early", "late")
+  }
+  xs = {k: t["round"] for k in series} | {
+      f"precise B_noise ({lab})": [results[lab]["round"]] for lab in ("early", "late")
+  }
+  plots.save(
+      plots.noise_over_training(xs, series | pts, bands=bands, title="noise scale over training"),
+      out.path(".png"),
+  )
   out.manifest(config=config)
   print("wrote", out.dir)
 

@@ -19,6 +19,7 @@ K B_inter is small next to B_intra, K does not matter.
 Writes experiments/results/rollout_shape/: table (.md, .csv), per-run CSV,
 figures of S against K and of B_noise against K, manifest.json.
 """
+
 from __future__ import annotations
 
 import os
@@ -42,10 +43,15 @@ NAME = "rollout_shape"
 
 
 def parse_args(argv=None):
-  ap = study_runner.parser(__doc__, NAME, "sweep root",
-                           on_root_help="the on-policy study's sweep root, the K = 16 runs")
-  ap.add_argument("--noise_batches", type=int, default=8,
-                  help="batches of 1,024 rollouts pooled per K (0 = skip)")
+  ap = study_runner.parser(
+      __doc__, NAME, "sweep root", on_root_help="the on-policy study's sweep root, the K = 16 runs"
+  )
+  ap.add_argument(
+      "--noise_batches",
+      type=int,
+      default=8,
+      help="batches of 1,024 rollouts pooled per K (0 = skip)",
+  )
   args = study_runner.parse(ap, argv)
   if args.quick:
     args.noise_batches = min(args.noise_batches, 2)
@@ -59,9 +65,17 @@ def main(argv=None):
   out = report.Results(NAME, root=args.out)
   if args.quick:  # N = 16: K = 4 from the quick on-policy sweep (run if missing), K = 2, 8 here
     c = batch_law.get_config("quick")
-    over = [{"batch.num_prompts": 16 // k, "batch.rollouts_per_prompt": k, "seed": s,
-             "train.eval_every": 2, "train.num_rounds": batch_law.QUICK_ROUNDS}
-            for k in (2, 8) for s in batch_law.SEEDS]
+    over = [
+        {
+            "batch.num_prompts": 16 // k,
+            "batch.rollouts_per_prompt": k,
+            "seed": s,
+            "train.eval_every": 2,
+            "train.num_rounds": batch_law.QUICK_ROUNDS,
+        }
+        for k in (2, 8)
+        for s in batch_law.SEEDS
+    ]
     tgt, ns, noise_n = batch_law.targets("quick"), (16,), 16
     rows = study_runner.run_study(c, over, args.root, workers=args.workers)
     on = [o for o in batch_law.sweep("quick") if o["batch.num_prompts"] == 4]
@@ -82,8 +96,9 @@ def main(argv=None):
     base = os.path.join(args.root, "_base_probe")
     graphdef, params, _ = measure.load_policy(c, base, setup)
     for K in sorted({r["K"] for r in recs}):
-      res = measure.measure(c, graphdef, params, setup, noise_n // K, K, args.noise_batches,
-                            progress=False)
+      res = measure.measure(
+          c, graphdef, params, setup, noise_n // K, K, args.noise_batches, progress=False
+      )
       noise[K] = res["exact"]
 
   rows_md = []
@@ -91,14 +106,14 @@ def main(argv=None):
     d = dict(N=r["N"], K=r["K"], P=r["P"], seeds=r["seeds"])
     for t in tgt:
       t = float(t)
-      d[f"S@{t} (rounds)"] = stats.fmt(r[f"rounds@{t}"], r[f"rounds@{t}_lo"],
-                                       r[f"rounds@{t}_hi"])
+      d[f"S@{t} (rounds)"] = stats.fmt(r[f"rounds@{t}"], r[f"rounds@{t}_lo"], r[f"rounds@{t}_hi"])
       d[f"reached@{t}"] = f"{r[f'reached@{t}']}/{r['seeds']}"
     e = noise.get(r["K"])
     if e is not None:
       d["B_noise(K) at base"] = stats.fmt(e.b_noise, se=e.b_noise_se)
-      d["K B_inter / B_noise"] = (r["K"] * e.b_inter / e.b_noise
-                                  if e.b_noise and e.b_noise == e.b_noise else None)
+      d["K B_inter / B_noise"] = (
+          r["K"] * e.b_inter / e.b_noise if e.b_noise and e.b_noise == e.b_noise else None
+      )
     rows_md.append(d)
   cols = list(rows_md[0]) if rows_md else []
   verdicts = []
@@ -107,42 +122,61 @@ def main(argv=None):
     if len(sub) < 2:
       verdicts.append(f"N = {N}: unresolved (fewer than two shapes reached {main_t})")
       continue
-    overlap = max(r[f"rounds@{main_t}_lo"] or r[f"rounds@{main_t}"] for r in sub) <= \
-        min(r[f"rounds@{main_t}_hi"] or r[f"rounds@{main_t}"] for r in sub)
+    overlap = max(r[f"rounds@{main_t}_lo"] or r[f"rounds@{main_t}"] for r in sub) <= min(
+        r[f"rounds@{main_t}_hi"] or r[f"rounds@{main_t}"] for r in sub
+    )
     spread = max(r[f"rounds@{main_t}"] for r in sub) / min(r[f"rounds@{main_t}"] for r in sub)
-    verdicts.append(f"N = {N}: steps-to-{main_t} across K differ by {spread:.2f}x; the "
-                    f"intervals {'overlap (only N matters, within the error)' if overlap else 'do not all overlap (K matters)'}")
-  notes = ["Only N matters?", "", *[f"- {v}" for v in verdicts], "",
-           "S: generation rounds to the target, mean [90% t-interval] over seeds. "
-           "B_noise(K): measured at the SFT base with batches of "
-           f"{noise_n} rollouts as (N/K) x K, ± jackknife SE.",
-           f"Command: `{' '.join(['python'] + sys.argv)}`."]
+    verdicts.append(
+        f"N = {N}: steps-to-{main_t} across K differ by {spread:.2f}x; the "
+        f"intervals {'overlap (only N matters, within the error)' if overlap else 'do not all overlap (K matters)'}"
+    )
+  notes = [
+      "Only N matters?",
+      "",
+      *[f"- {v}" for v in verdicts],
+      "",
+      "S: generation rounds to the target, mean [90% t-interval] over seeds. "
+      "B_noise(K): measured at the SFT base with batches of "
+      f"{noise_n} rollouts as (N/K) x K, ± jackknife SE.",
+      f"Command: `{' '.join(['python'] + sys.argv)}`.",
+  ]
   out.table(rows_md, cols, title="Rollout shape at fixed N", notes="\n".join(notes))
   study_report.write_runs_csv(out.path("_runs.csv"), recs, tgt)
   series = {f"N={N}": [r[f"rounds@{main_t}"] for r in table if r["N"] == N] for N in ns}
   ks = {N: [r["K"] for r in table if r["N"] == N] for N in ns}
   key = f"rounds@{main_t}"
-  bands = {f"N={N}": tuple([r[f"{key}{e}"] if r[f"{key}{e}"] is not None else r[key]
-                            for r in table if r["N"] == N] for e in ("_lo", "_hi"))
-           for N in ns}
-  fig = plots.noise_over_training(ks[ns[0]], {k: v for k, v in series.items()
-                                             if len(v) == len(ks[ns[0]])}, bands=bands,
-                                  xlabel="rollouts per prompt K (P = N / K prompts)",
-                                  ylabel=f"generation rounds to {main_t}",
-                                  title=f"steps to {main_t} against the batch shape at fixed N "
-                                        "(90% t-intervals over seeds)", logx=True)
+  bands = {
+      f"N={N}": tuple(
+          [r[f"{key}{e}"] if r[f"{key}{e}"] is not None else r[key] for r in table if r["N"] == N]
+          for e in ("_lo", "_hi")
+      )
+      for N in ns
+  }
+  fig = plots.noise_over_training(
+      ks[ns[0]],
+      {k: v for k, v in series.items() if len(v) == len(ks[ns[0]])},
+      bands=bands,
+      xlabel="rollouts per prompt K (P = N / K prompts)",
+      ylabel=f"generation rounds to {main_t}",
+      title=f"steps to {main_t} against the batch shape at fixed N " "(90% t-intervals over seeds)",
+      logx=True,
+  )
   fig.axes[0].set_xticks(ks[ns[0]], [str(k) for k in ks[ns[0]]])
   plots.save(fig, out.path(".png"))
   if noise:
     kk = sorted(noise)
-    plots.save(plots.noise_decomposition([f"K={k}" for k in kk],
-                                         [noise[k].b_intra for k in kk],
-                                         [k * noise[k].b_inter for k in kk],
-                                         [noise[k].b_intra_se for k in kk],
-                                         [k * noise[k].b_inter_se for k in kk],
-                                         title="B_noise(K) = B_intra + K B_inter at the SFT "
-                                         "base", stacked=True),
-               out.path("_noise.png"))
+    plots.save(
+        plots.noise_decomposition(
+            [f"K={k}" for k in kk],
+            [noise[k].b_intra for k in kk],
+            [k * noise[k].b_inter for k in kk],
+            [noise[k].b_intra_se for k in kk],
+            [k * noise[k].b_inter_se for k in kk],
+            title="B_noise(K) = B_intra + K B_inter at the SFT " "base",
+            stacked=True,
+        ),
+        out.path("_noise.png"),
+    )
   out.manifest(config=c, wall_seconds=time.time() - t0, targets=list(tgt))
 
 

@@ -14,6 +14,7 @@ and writes experiments/results/sft_headroom/sft_headroom.md (+ manifest.json).
 32 held-out prompts) with both bases under ``<out>/runs``; ``--out``
 defaults to a fresh temp folder.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -35,21 +36,27 @@ from configs import default
 QUICK = dict(root=None, out=None)
 
 
-class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter,
-                     argparse.RawDescriptionHelpFormatter):
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
   pass
 
 
 def parse_args(argv=None) -> argparse.Namespace:
   ap = argparse.ArgumentParser(description=__doc__, formatter_class=_HelpFormatter)
-  ap.add_argument("--root", default="runs",
-                  help="Parent of the workdirs default/ (30%% label noise) and sft_clean/ "
-                       "(--quick: <out>/runs).")
-  ap.add_argument("--out", default="experiments/results",
-                  help="Output folder (--quick: a fresh temp folder).")
-  ap.add_argument("--quick", action="store_true",
-                  help="Tiny smoke version (well under a minute): smoke config's SFT "
-                       "(30 steps, 32 eval prompts), everything under --out.")
+  ap.add_argument(
+      "--root",
+      default="runs",
+      help="Parent of the workdirs default/ (30%% label noise) and sft_clean/ "
+      "(--quick: <out>/runs).",
+  )
+  ap.add_argument(
+      "--out", default="experiments/results", help="Output folder (--quick: a fresh temp folder)."
+  )
+  ap.add_argument(
+      "--quick",
+      action="store_true",
+      help="Tiny smoke version (well under a minute): smoke config's SFT "
+      "(30 steps, 32 eval prompts), everything under --out.",
+  )
   args = ap.parse_args(argv)
   if args.quick:
     ap.set_defaults(**QUICK)
@@ -63,8 +70,7 @@ def main(argv=None):
   args = parse_args(argv)
   logging.set_verbosity(logging.WARNING)
   lines = ["| SFT targets | decoding | pass@1 | by digits (1 / 2 / 3) |", "|---|---|---|---|"]
-  for label, noise, name in (("30% label noise", 0.3, "default"),
-                             ("clean", 0.0, "sft_clean")):
+  for label, noise, name in (("30% label noise", 0.3, "default"), ("clean", 0.0, "sft_clean")):
     c = default.get_config("smoke" if args.quick else None)
     c.sft.label_noise = noise
     c.train.progress = False
@@ -72,9 +78,17 @@ def main(argv=None):
     graphdef, params, _ = train.sft_base(c, os.path.join(args.root, name), setup)
     diff = np.array([p.difficulty for p in setup.eval_problems])
     for dec, top_k in (("sampled (T=1)", 0), ("greedy", 1)):
-      r = rollouts.rollout(graphdef, params, setup.task, setup.tok, setup.eval_problems, 1,
-                           jax.random.key(c.train.eval_seed), setup.layout,
-                           scoring.SamplingSpec(1.0, top_k, 1.0, setup.sampling.suppress_ids))
+      r = rollouts.rollout(
+          graphdef,
+          params,
+          setup.task,
+          setup.tok,
+          setup.eval_problems,
+          1,
+          jax.random.key(c.train.eval_seed),
+          setup.layout,
+          scoring.SamplingSpec(1.0, top_k, 1.0, setup.sampling.suppress_ids),
+      )
       r = r["rewards"][:, 0]
       by = " / ".join(f"{r[diff == d].mean():.3f}" for d in np.unique(diff))
       lines.append(f"| {label} | {dec} | {r.mean():.3f} | {by} |")

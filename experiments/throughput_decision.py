@@ -29,6 +29,7 @@ Writes experiments/results/throughput_decision/: throughput.json (the
 per-N rates, read by experiments/adaptive_batch.py), the tables (.md,
 .csv), a figure of throughput and T(N) against N, manifest.json.
 """
+
 from __future__ import annotations
 
 import json
@@ -54,12 +55,19 @@ NAME = "throughput_decision"
 
 
 def parse_args(argv=None):
-  ap = study_runner.parser(__doc__, NAME, "workdirs of the benchmark and of --measure",
-                           on_root_help="the on-policy study's sweep root (E(N), the SFT base)",
-                           workers=False)
+  ap = study_runner.parser(
+      __doc__,
+      NAME,
+      "workdirs of the benchmark and of --measure",
+      on_root_help="the on-policy study's sweep root (E(N), the SFT base)",
+      workers=False,
+  )
   ap.add_argument("--repeats", type=int, default=5, help="timed rounds per N (median)")
-  ap.add_argument("--measure", action="store_true",
-                  help="also rerun seed 0 of every N and time it to the target")
+  ap.add_argument(
+      "--measure",
+      action="store_true",
+      help="also rerun seed 0 of every N and time it to the target",
+  )
   args = study_runner.parse(ap, argv)
   if args.quick:
     args.repeats = 2
@@ -77,8 +85,7 @@ def benchmark(c, root, ns, repeats):
     tg, tu = [], []
     for i in range(repeats + 1):  # the first round compiles
       t0 = time.perf_counter()
-      batch, _, _ = train.round_batch(c, trainer.graphdef, state.params, None, setup,
-                                      10_000 + i, P)
+      batch, _, _ = train.round_batch(c, trainer.graphdef, state.params, None, setup, 10_000 + i, P)
       t1 = time.perf_counter()
       train.update_round(trainer, state, batch, 10_000 + i, P)
       t2 = time.perf_counter()
@@ -87,8 +94,7 @@ def benchmark(c, root, ns, repeats):
         tu.append(t2 - t1)
     g, u = float(np.median(tg)), float(np.median(tu))
     out.append(dict(N=N, gen_seconds=g, update_seconds=u, rollouts_per_s=N / (g + u)))
-    print(f"N={N}: generate {g:.4f} s, update {u:.4f} s, {N / (g + u):.0f} rollouts/s",
-          flush=True)
+    print(f"N={N}: generate {g:.4f} s, update {u:.4f} s, {N / (g + u):.0f} rollouts/s", flush=True)
   trainer.writer.close()
   trainer.ckpt.close()
   return out, setup
@@ -98,8 +104,11 @@ def measured_columns(m, rate):
   """The --measure columns of one N's row from ``study.time_to_target``."""
   if not m:
     return dict(T_measured=None, run_vs_bench=None, T_overhead=None)
-  return dict(T_measured=m["train"], run_vs_bench=m["rollouts"] / m["train"] / rate,
-              T_overhead=m["compile"] + m["eval"])
+  return dict(
+      T_measured=m["train"],
+      run_vs_bench=m["rollouts"] / m["train"] / rate,
+      T_overhead=m["compile"] + m["eval"],
+  )
 
 
 def main(argv=None):
@@ -132,73 +141,129 @@ def main(argv=None):
     t["roofline_rollouts_per_s"] = systems.rollouts_per_s(setup.model, acc, t["N"], Tp, Tc)
     t["vs_roofline"] = t["rollouts_per_s"] / t["roofline_rollouts_per_s"]
   with open(os.path.join(out.dir, "throughput.json"), "w") as f:
-    json.dump(dict(N=[t["N"] for t in thr], rollouts_per_s=[t["rollouts_per_s"] for t in thr],
-                   rows=thr, machine=systems.describe(acc), K=K), f, indent=1, default=float)
+    json.dump(
+        dict(
+            N=[t["N"] for t in thr],
+            rollouts_per_s=[t["rollouts_per_s"] for t in thr],
+            rows=thr,
+            machine=systems.describe(acc),
+            K=K,
+        ),
+        f,
+        indent=1,
+        default=float,
+    )
 
   # ---------------------------------------------------------- 2. decision
-  E = {N: study.seed_interval([r["to_target"][main_t]["rollouts"] for r in recs
-                               if r["N"] == N]) for N in ns}
+  E = {
+      N: study.seed_interval([r["to_target"][main_t]["rollouts"] for r in recs if r["N"] == N])
+      for N in ns
+  }
   rate = {t["N"]: t["rollouts_per_s"] for t in thr}
   measured = {}
   if args.measure:
     for N in ns:
       o = next(o for o in sweep_over if o["batch.num_prompts"] * K == N and o["seed"] == 0)
-      row = study_runner.run_study(c, [o], os.path.join(args.root, "measure"), workers=1,
-                                   progress=False)[0]
+      row = study_runner.run_study(
+          c, [o], os.path.join(args.root, "measure"), workers=1, progress=False
+      )[0]
       measured[N] = study.time_to_target(row["workdir"], main_t)
   rows = []
   for i, N in enumerate(ns):
     e = E[N]
     T = None if e["mean"] is None else e["mean"] / rate[N]
-    d = dict(N=N, rollouts_per_s=rate[N], gen_s=thr[i]["gen_seconds"],
-             update_s=thr[i]["update_seconds"], vs_roofline=thr[i]["vs_roofline"],
-             E=stats.fmt(e["mean"], e["lo"], e["hi"]),
-             T_pred=stats.fmt(T, None if e["lo"] is None else e["lo"] / rate[N],
-                              None if e["hi"] is None else e["hi"] / rate[N]),
-             **measured_columns(measured.get(N), rate[N]))
+    d = dict(
+        N=N,
+        rollouts_per_s=rate[N],
+        gen_s=thr[i]["gen_seconds"],
+        update_s=thr[i]["update_seconds"],
+        vs_roofline=thr[i]["vs_roofline"],
+        E=stats.fmt(e["mean"], e["lo"], e["hi"]),
+        T_pred=stats.fmt(
+            T,
+            None if e["lo"] is None else e["lo"] / rate[N],
+            None if e["hi"] is None else e["hi"] / rate[N],
+        ),
+        **measured_columns(measured.get(N), rate[N]),
+    )
     if i:
       P = ns[i - 1]
-      gain, penalty = rate[N] / rate[P], (e["mean"] / E[P]["mean"]
-                                          if e["mean"] and E[P]["mean"] else None)
+      gain, penalty = rate[N] / rate[P], (
+          e["mean"] / E[P]["mean"] if e["mean"] and E[P]["mean"] else None
+      )
       d["throughput_gain"] = gain
       d["samples_penalty"] = penalty
       d["rule: 2N pays"] = None if penalty is None else ("yes" if gain > penalty else "no")
       if measured.get(P) and measured.get(N):
         d["measured: 2N faster"] = "yes" if measured[N]["train"] < measured[P]["train"] else "no"
     rows.append(d)
-  cols = ["N", "rollouts_per_s", "gen_s", "update_s", "vs_roofline", "E", "T_pred",
-          "T_measured", "run_vs_bench", "T_overhead", "throughput_gain", "samples_penalty",
-          "rule: 2N pays", "measured: 2N faster"]
-  notes = [f"Benchmark: one process, {args.repeats} timed rounds per N (median), K = {K}; "
-           f"machine: {systems.describe(acc)}. vs_roofline: measured rollouts/s over the "
-           "roofline bound of the same round (systems.round_time). E: on-policy rollouts "
-           f"to {main_t} (mean [90% t-interval] over seeds); T_pred = E / rollouts_per_s "
-           "(seconds); T_measured (--measure): seed 0 rerun here, its logged generation + "
-           "update seconds to the target with the first round counted at the median round "
-           "(study.time_to_target); run_vs_bench: that run's rollouts/s to the target over "
-           "the benchmark's; T_overhead: its compile (first round's excess) + evaluation "
-           "seconds, not in the prediction. Rule: N -> 2N pays iff the throughput gain exceeds the samples "
-           "penalty E(2N) / E(N).", f"Command: `{' '.join(['python'] + sys.argv)}`."]
-  out.table(rows, cols, title="Throughput and the time-to-target decision",
-            notes="\n\n".join(notes))
-  series = {"rollouts/s (measured)": [rate[N] for N in ns],
-            "rollouts/s (roofline)": [t["roofline_rollouts_per_s"] for t in thr]}
-  plots.save(plots.noise_over_training(ns, series, xlabel="batch size N (rollouts)",
-                                       ylabel="throughput (rollouts/s)", logx=True,
-                                       title="throughput against N"), out.path(".png"))
-  tp = {"T predicted (s)": [None if E[N]["mean"] is None else E[N]["mean"] / rate[N]
-                            for N in ns]}
+  cols = [
+      "N",
+      "rollouts_per_s",
+      "gen_s",
+      "update_s",
+      "vs_roofline",
+      "E",
+      "T_pred",
+      "T_measured",
+      "run_vs_bench",
+      "T_overhead",
+      "throughput_gain",
+      "samples_penalty",
+      "rule: 2N pays",
+      "measured: 2N faster",
+  ]
+  notes = [
+      f"Benchmark: one process, {args.repeats} timed rounds per N (median), K = {K}; "
+      f"machine: {systems.describe(acc)}. vs_roofline: measured rollouts/s over the "
+      "roofline bound of the same round (systems.round_time). E: on-policy rollouts "
+      f"to {main_t} (mean [90% t-interval] over seeds); T_pred = E / rollouts_per_s "
+      "(seconds); T_measured (--measure): seed 0 rerun here, its logged generation + "
+      "update seconds to the target with the first round counted at the median round "
+      "(study.time_to_target); run_vs_bench: that run's rollouts/s to the target over "
+      "the benchmark's; T_overhead: its compile (first round's excess) + evaluation "
+      "seconds, not in the prediction. Rule: N -> 2N pays iff the throughput gain exceeds the samples "
+      "penalty E(2N) / E(N).",
+      f"Command: `{' '.join(['python'] + sys.argv)}`.",
+  ]
+  out.table(
+      rows, cols, title="Throughput and the time-to-target decision", notes="\n\n".join(notes)
+  )
+  series = {
+      "rollouts/s (measured)": [rate[N] for N in ns],
+      "rollouts/s (roofline)": [t["roofline_rollouts_per_s"] for t in thr],
+  }
+  plots.save(
+      plots.noise_over_training(
+          ns,
+          series,
+          xlabel="batch size N (rollouts)",
+          ylabel="throughput (rollouts/s)",
+          logx=True,
+          title="throughput against N",
+      ),
+      out.path(".png"),
+  )
+  tp = {"T predicted (s)": [None if E[N]["mean"] is None else E[N]["mean"] / rate[N] for N in ns]}
   if measured:
     tp["T measured, seed 0 (s)"] = [(measured.get(N) or {}).get("train") for N in ns]
     tp["T measured + compile + eval (s)"] = [(measured.get(N) or {}).get("total") for N in ns]
-  band = ([E[N]["lo"] and E[N]["lo"] / rate[N] for N in ns],
-          [E[N]["hi"] and E[N]["hi"] / rate[N] for N in ns])
-  plots.save(plots.noise_over_training(ns, tp, bands={"T predicted (s)": band},
-                                       xlabel="batch size N (rollouts)",
-                                       ylabel=f"time to {main_t} (s)", logx=True,
-                                       title="time to target against N (predicted: "
-                                             "seed mean, 90% interval)"),
-             out.path("_time.png"))
+  band = (
+      [E[N]["lo"] and E[N]["lo"] / rate[N] for N in ns],
+      [E[N]["hi"] and E[N]["hi"] / rate[N] for N in ns],
+  )
+  plots.save(
+      plots.noise_over_training(
+          ns,
+          tp,
+          bands={"T predicted (s)": band},
+          xlabel="batch size N (rollouts)",
+          ylabel=f"time to {main_t} (s)",
+          logx=True,
+          title="time to target against N (predicted: " "seed mean, 90% interval)",
+      ),
+      out.path("_time.png"),
+  )
   out.manifest(config=c, wall_seconds=time.time() - t0, targets=list(tgt))
 
 

@@ -13,12 +13,15 @@ every subprocess a test launches use it. A cache the user configured
 partly written entry read by another process is a cache miss with a warning,
 never a wrong program.
 """
+
 import os
 import shutil
 import tempfile
 
-CACHE_ENV = {"JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
-             "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0"}
+CACHE_ENV = {
+    "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
+    "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0",
+}
 _OWNED = []  # a directory this process created (removed at the end)
 
 

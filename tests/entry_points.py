@@ -8,6 +8,7 @@ before it calls ``main``; the flags it defined are removed afterwards.
 ``argparse_parser(path)`` is the ``argparse`` parser of a script
 (``experiments/*.py``, ``colab/*.py``): its ``main()`` runs until it parses.
 """
+
 import argparse
 import contextlib
 import importlib

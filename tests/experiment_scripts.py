@@ -3,6 +3,7 @@ can call their ``main(argv)`` in its own process instead of starting a Python
 (and JAX) for a command-line check. Every script only defines things at
 import; its run is behind ``if __name__ == "__main__"``, and ``main(argv)``
 parses ``argv`` first, exactly as the command line would."""
+
 import functools
 import importlib.util
 import os

@@ -12,6 +12,7 @@ Truth (module docstring of cbs_jax.noise: C_p - D_p and Cov(mu_p) + E D_p):
 lam = 0 gives independent rollouts; lam > 0 makes the rollouts of a prompt
 exchangeable but dependent (as group-normalised advantages do).
 """
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -21,10 +22,10 @@ from cbs_jax import noise
 D = 12
 _rng = np.random.default_rng(1234)
 A_B = _rng.normal(size=(D, D))
-A_B *= np.sqrt(2.0) / np.linalg.norm(A_B)      # tr Sigma_inter = 2 (lam=0)
+A_B *= np.sqrt(2.0) / np.linalg.norm(A_B)  # tr Sigma_inter = 2 (lam=0)
 A_I = _rng.normal(size=(D, D))
-A_I *= np.sqrt(8.0) / np.linalg.norm(A_I)      # tr Sigma_f = 8 * 1.25 = 10
-G_VEC = np.full(D, 1.0 / np.sqrt(D))            # |G|^2 = 1
+A_I *= np.sqrt(8.0) / np.linalg.norm(A_I)  # tr Sigma_f = 8 * 1.25 = 10
+G_VEC = np.full(D, 1.0 / np.sqrt(D))  # |G|^2 = 1
 ES2 = 1.25
 
 
@@ -42,22 +43,22 @@ def sample(rng, R, P, K, lam=0.0, G=G_VEC):
 
 
 def truth(K, lam=0.0, G=G_VEC):
-  tr_f = ES2 * np.sum(A_I ** 2)
-  return dict(trace_intra=tr_f,
-              trace_inter=np.sum(A_B ** 2) + lam * (lam - 2.0) / K * tr_f,
-              g2=float(G @ G))
+  tr_f = ES2 * np.sum(A_I**2)
+  return dict(
+      trace_intra=tr_f, trace_inter=np.sum(A_B**2) + lam * (lam - 2.0) / K * tr_f, g2=float(G @ G)
+  )
 
 
 def assert_unbiased(samples, target, name, nsig=4.0):
   x = np.asarray(samples, np.float64).ravel()
   se = x.std(ddof=1) / np.sqrt(x.size)
-  assert abs(x.mean() - target) < nsig * se, (
-      f"{name}: mean {x.mean():.5g} vs truth {target:.5g} (se {se:.3g})")
+  assert (
+      abs(x.mean() - target) < nsig * se
+  ), f"{name}: mean {x.mean():.5g} vs truth {target:.5g} (se {se:.3g})"
 
 
 def exact_batch(g_RxPxKxD):
-  return noise.exact_estimates(
-      jax.vmap(noise.moments_from_grads)(jnp.asarray(g_RxPxKxD)))
+  return noise.exact_estimates(jax.vmap(noise.moments_from_grads)(jnp.asarray(g_RxPxKxD)))
 
 
 def cell_means(g, m, n):

@@ -2,6 +2,7 @@
 signals on synthetic trajectories (through the trainer's ``choose_prompts``),
 bounds and buckets, the learning rate, checkpoint restore end to end, and
 the experiment's ``--quick`` mode."""
+
 import importlib.util
 import json
 import math
@@ -30,12 +31,14 @@ SIGNALS = controller.SIGNALS
 
 # --------------------------------------------------------------- the interval
 
+
 def test_interval_with_three_effective_rounds_keeps_its_coverage(monkeypatch):
   """decay 0.5: n_eff = 3 rounds, so the spread is estimated from 2 degrees of
   freedom. With the Student-t widening the interval covers the true B_noise
   at least at the normal's nominal 2 Phi(2) - 1 = 0.954 (it is conservative
   here: ~0.997); with the plain normal z = 2 it undercovers (~0.90, below
   0.93 by ~2 binomial SDs of 400 seeds)."""
+
   def coverage():
     covered = resolved = 0
     for seed in range(400):
@@ -75,7 +78,7 @@ def test_interval_is_the_fieller_set_of_the_weighted_moments():
     iv = ema.interval(2.0)
     w = decay ** np.arange(n)[::-1]
     W = w.sum()
-    n_eff = W ** 2 / np.sum(w ** 2)
+    n_eff = W**2 / np.sum(w**2)
     mt, mg = np.sum(w * T) / W, np.sum(w * G) / W
     k = n_eff / (n_eff - 1) / n_eff
     vt, vg = np.sum(w * (T - mt) ** 2) / W * k, np.sum(w * (G - mg) ** 2) / W * k
@@ -123,6 +126,7 @@ def test_interval_covers_a_fixed_b_noise_under_heavy_noise():
 
 # --------------------------------------------------------------- the signals
 
+
 def test_signal_interval_maps_each_signal():
   raw = dict(b_noise=1000.0, se=100.0, lo=800.0, hi=1300.0, resolved=True)
   adam = dict(b_noise=50.0, se=5.0, lo=40.0, hi=65.0, resolved=True)
@@ -143,11 +147,16 @@ def test_signal_interval_maps_each_signal():
 
 def test_calibration_from_a_fits_file():
   fit = dict(B_crit=2000.0, B_crit_lo=1500.0, B_crit_hi=3000.0, resolved=True)
-  doc = {"on": {"0.54": fit}, "noise": [dict(b_noise=8000.0, b_noise_se=1000.0),
-                                        dict(b_noise=12000.0, b_noise_se=2000.0),
-                                        dict(b_noise=None, b_noise_se=None)]}
+  doc = {
+      "on": {"0.54": fit},
+      "noise": [
+          dict(b_noise=8000.0, b_noise_se=1000.0),
+          dict(b_noise=12000.0, b_noise_se=2000.0),
+          dict(b_noise=None, b_noise_se=None),
+      ],
+  }
   cal = batch_law.calibration_from_fits(doc, 0.54)
-  w1, w2 = 1 / 1000.0 ** 2, 1 / 2000.0 ** 2
+  w1, w2 = 1 / 1000.0**2, 1 / 2000.0**2
   b = (8000 * w1 + 12000 * w2) / (w1 + w2)
   se = 1 / math.sqrt(w1 + w2)
   assert cal["b_noise"] == pytest.approx(b) and cal["b_noise_se"] == pytest.approx(se)
@@ -167,13 +176,16 @@ def test_config_ratio_is_the_committed_studys(tmp_path):
   assert cal["resolved"]
   assert adaptive_batch.b_crit_calibration()["ratio"] == cal["ratio"]
   # the numbers the config held before it read the file: 4,697.549 / 4,854.968
-  assert adaptive_batch.b_crit_calibration()["ratio"] == pytest.approx(4697.549 / 4854.968, rel=1e-6)
+  assert adaptive_batch.b_crit_calibration()["ratio"] == pytest.approx(
+      4697.549 / 4854.968, rel=1e-6
+  )
   assert adaptive_batch.get_config("b_crit").batch.adaptive_b_crit_ratio == cal["ratio"]
   with pytest.raises(FileNotFoundError, match="batch_law_on_policy_fits.json"):
     adaptive_batch.b_crit_calibration(str(tmp_path))
 
 
 # ------------------------------------------- synthetic trajectories, trainer path
+
 
 def _config(signal, **over):
   c = config_lib.base_config()
@@ -198,9 +210,11 @@ def simulate(c, raw_b, adam_b, rounds, seed, noise_frac=0.3, g_sd=None):
   +-``noise_frac`` on every component, or Gaussian |G|^2 with SD ``g_sd``."""
   rng = np.random.default_rng(seed)
   K = c.batch.rollouts_per_prompt
-  run = types.SimpleNamespace(noise=noise_tracker.NoiseEMA(c.noise.ema_decay),
-                              noise_adam=noise_tracker.NoiseEMA(c.noise.ema_decay),
-                              controller=train.make_controller(c))
+  run = types.SimpleNamespace(
+      noise=noise_tracker.NoiseEMA(c.noise.ema_decay),
+      noise_adam=noise_tracker.NoiseEMA(c.noise.ema_decay),
+      controller=train.make_controller(c),
+  )
   out = []
   for t in range(rounds):
     P, fields = train.choose_prompts(c, run, t)
@@ -218,10 +232,11 @@ def _changes(sizes):
 
 
 FLAT_SETTINGS = {  # (ema decay, rounds between decisions)
-    "experiment": (adaptive_batch.get_config("b_noise").noise.ema_decay,
-                   adaptive_batch.EVERY),
-    "base_config": (config_lib.base_config().noise.ema_decay,
-                    config_lib.base_config().batch.adaptive_every),
+    "experiment": (adaptive_batch.get_config("b_noise").noise.ema_decay, adaptive_batch.EVERY),
+    "base_config": (
+        config_lib.base_config().noise.ema_decay,
+        config_lib.base_config().batch.adaptive_every,
+    ),
     "every_round": (0.9, 1),
 }
 
@@ -254,8 +269,9 @@ def test_flat_signal_with_a_small_batchs_noise_does_not_thrash(signal):
   batch's estimate is often negative), the experiment's settings: no
   oscillation over 200 rounds."""
   base = adaptive_batch.get_config("b_noise")
-  c = _config(signal, noise__ema_decay=base.noise.ema_decay,
-              batch__adaptive_every=base.batch.adaptive_every)
+  c = _config(
+      signal, noise__ema_decay=base.noise.ema_decay, batch__adaptive_every=base.batch.adaptive_every
+  )
   scale = c.batch.adaptive_b_crit_ratio if signal == "b_crit" else 1.0
   flat = lambda t: 256.0 / scale
   for seed in range(8):
@@ -267,12 +283,12 @@ def test_flat_signal_with_a_small_batchs_noise_does_not_thrash(signal):
 def test_rising_signal_raises_n_within_bounds_and_buckets(signal):
   c = _config(signal, noise__ema_decay=0.95, batch__adaptive_every=10)
   scale = c.batch.adaptive_b_crit_ratio if signal == "b_crit" else 1.0
-  rising = lambda t: 256.0 / scale * 2 ** (t / 40)   # 1000x over 400 rounds
+  rising = lambda t: 256.0 / scale * 2 ** (t / 40)  # 1000x over 400 rounds
   flat = lambda t: 256.0 / scale
   raw, adam = (flat, rising) if signal == "b_noise_adam" else (rising, flat)
   out, run = simulate(c, raw, adam, 400, seed=1)
   sizes = [P for P, _ in out]
-  assert sizes[-1] == 512 and sizes[0] == 16        # rose to the upper bound
+  assert sizes[-1] == 512 and sizes[0] == 16  # rose to the upper bound
   assert all(b >= a for a, b in zip(sizes, sizes[1:]))  # never back down
   assert set(sizes) <= set(run.controller.buckets) == {4, 8, 16, 32, 64, 128, 256, 512}
   # the N logged follows the signal: the decision rounds' moves go towards it
@@ -289,7 +305,7 @@ def test_falling_and_extreme_signals_stay_on_the_buckets():
   sizes = [P for P, _ in out]
   assert sizes[-1] == 4 and all(b <= a for a, b in zip(sizes, sizes[1:]))
   out, _ = simulate(c, lambda t: 1e9, lambda t: 1.0, 60, seed=3)
-  assert {P for P, _ in out} == {16, 512}             # straight to the upper bound
+  assert {P for P, _ in out} == {16, 512}  # straight to the upper bound
   assert set(sizes) <= set(run.controller.buckets)
 
 
@@ -299,8 +315,11 @@ def test_logged_fields_follow_the_tracker_and_the_lr_rule():
   rule at the chosen rollouts per update."""
   c = _config("b_crit", noise__ema_decay=0.9, batch__adaptive_every=5)
   rng = np.random.default_rng(0)
-  run = types.SimpleNamespace(noise=noise_tracker.NoiseEMA(0.9), noise_adam=noise_tracker.NoiseEMA(0.9),
-                              controller=train.make_controller(c))
+  run = types.SimpleNamespace(
+      noise=noise_tracker.NoiseEMA(0.9),
+      noise_adam=noise_tracker.NoiseEMA(0.9),
+      controller=train.make_controller(c),
+  )
   T, G = [], []
   for t in range(60):
     P, f = train.choose_prompts(c, run, t)
@@ -320,6 +339,7 @@ def test_logged_fields_follow_the_tracker_and_the_lr_rule():
 
 # --------------------------------------------------------------- config, state
 
+
 def test_config_checks_name_the_adaptive_fields():
   def bad(match, **over):
     c = config_lib.base_config()
@@ -329,11 +349,11 @@ def test_config_checks_name_the_adaptive_fields():
       c[section][field] = v
     with pytest.raises(ValueError, match=match):
       config_lib.validate(c)
+
   bad(r"config\.batch\.num_prompts=24 .*not one of its buckets", batch__num_prompts=24)
   bad(r"config\.batch\.num_prompts=4 .*adaptive_min_prompts=8", batch__num_prompts=4)
   bad(r"config\.batch\.adaptive_b_crit_ratio > 0", batch__adaptive_signal="b_crit")
-  bad(r"config\.batch\.adaptive_hysteresis must be >= 1",
-      batch__adaptive_hysteresis=float("nan"))
+  bad(r"config\.batch\.adaptive_hysteresis must be >= 1", batch__adaptive_hysteresis=float("nan"))
   bad(r"config\.batch\.adaptive_factor must be finite", batch__adaptive_factor=float("inf"))
   bad(r"config\.batch\.adaptive_b_crit_ratio must be >= 0", batch__adaptive_b_crit_ratio=-1.0)
   for v in adaptive_batch.VARIANTS:
@@ -361,9 +381,11 @@ def test_controller_state_refuses_other_buckets_and_bad_arguments():
 
 # --------------------------------------------------------------- end to end
 
+
 class OddFirstDigit(arithmetic.ArithmeticTask):
   """Reward 1 iff the completion starts with an odd digit: about half of every
   group succeeds, so |G|^2 is resolved within a few rounds."""
+
   enumerable = False
 
   def verify(self, problem, completion):
@@ -410,6 +432,7 @@ def test_resumed_adaptive_run_makes_the_same_choices(monkeypatch, tmp_path):
     log_row(trainer, row, bar)
     if row["round"] == 7:
       raise Interrupted
+
   monkeypatch.setattr(train, "log_row", dies_after_round_7)
   with pytest.raises(Interrupted):
     train.train_and_evaluate(c, str(tmp_path / "cut"))
@@ -417,8 +440,12 @@ def test_resumed_adaptive_run_makes_the_same_choices(monkeypatch, tmp_path):
   train.train_and_evaluate(c, str(tmp_path / "cut"))
   cut = metrics_lib.read_jsonl(str(tmp_path / "cut" / "metrics.jsonl"))[1:]
 
-  keys = lambda r: {k: v for k, v in r.items() if k.startswith(("adaptive/", "noise_ema/"))
-                    or k in ("round", "batch_size", "lr", "rollouts_seen")}
+  keys = lambda r: {
+      k: v
+      for k, v in r.items()
+      if k.startswith(("adaptive/", "noise_ema/"))
+      or k in ("round", "batch_size", "lr", "rollouts_seen")
+  }
   assert [r["round"] for r in cut] == list(range(1, 9))
   assert [keys(r) for r in cut] == [keys(r) for r in full]
   sizes = [r["batch_size"] for r in full]
@@ -434,6 +461,7 @@ def test_resumed_adaptive_run_makes_the_same_choices(monkeypatch, tmp_path):
 # experiments/adaptive_batch.py --quick runs in tests/test_experiments_cli.py's
 # batch-law chain (every signal, after the quick on-policy sweep it reads back).
 
+
 def test_experiment_help_and_bad_flags(monkeypatch, capsys, tmp_path):
   monkeypatch.chdir(tmp_path)  # run from another directory, as from the command line
   main = experiment_scripts.load("adaptive_batch").main
@@ -441,8 +469,19 @@ def test_experiment_help_and_bad_flags(monkeypatch, capsys, tmp_path):
     main(["--help"])
   out = capsys.readouterr()
   assert done.value.code == 0, out.err
-  for flag in ("--root", "--on_root", "--out", "--throughput", "--fits", "--signals",
-               "--seeds", "--small_n", "--large_n", "--workers", "--quick"):
+  for flag in (
+      "--root",
+      "--on_root",
+      "--out",
+      "--throughput",
+      "--fits",
+      "--signals",
+      "--seeds",
+      "--small_n",
+      "--large_n",
+      "--workers",
+      "--quick",
+  ):
     assert flag in out.out, flag
   with pytest.raises(SystemExit) as done:
     main(["--signals=b_simple"])
@@ -463,8 +502,9 @@ def _experiment_module():
 def _naive_ratio_interval(num, den, level, n_boot, rng):
   """Percentile interval of mean(num*) / mean(den*) over independent
   resamples of each arm (a plain loop)."""
-  r = [np.mean(rng.choice(num, len(num))) / np.mean(rng.choice(den, len(den)))
-       for _ in range(n_boot)]
+  r = [
+      np.mean(rng.choice(num, len(num))) / np.mean(rng.choice(den, len(den))) for _ in range(n_boot)
+  ]
   return np.quantile(r, [(1 - level) / 2, (1 + level) / 2])
 
 
@@ -476,7 +516,8 @@ def test_experiment_ratio_interval_is_an_unpaired_percentile_bootstrap():
   n_lo, n_hi = _naive_ratio_interval(num, den, 0.9, 20000, np.random.default_rng(0))
   assert lo == pytest.approx(n_lo, rel=0.02) and hi == pytest.approx(n_hi, rel=0.02)
   assert exp.ratio_of_means_interval(num, den, seed=3) == exp.ratio_of_means_interval(
-      num, den, seed=3)
+      num, den, seed=3
+  )
   assert exp.ratio_of_means_interval(num, [200.0, None]) == (None, None, None)
   assert exp.ratio_of_means_interval(num, [0.0, 10.0]) == (None, None, None)
   assert exp.ratio_of_means_interval([], den) == (None, None, None)

@@ -4,6 +4,7 @@ Reference: the same parameters evaluated in float32 (an independent, exact
 computation of what bfloat16 approximates); the master-weight optimizer is
 checked against plain float32 arithmetic.
 """
+
 import os
 
 import jax
@@ -74,8 +75,9 @@ def test_master_weights_keep_updates_bfloat16_would_lose():
     w = np.float32(w + np.float32(-1e-4))
   np.testing.assert_array_equal(np.asarray(sm.master["w"]), w)
   assert abs(float(w) - 0.99) < 1e-5
-  np.testing.assert_array_equal(np.asarray(pm["w"]),
-                                np.asarray(sm.master["w"].astype(jnp.bfloat16)))
+  np.testing.assert_array_equal(
+      np.asarray(pm["w"]), np.asarray(sm.master["w"].astype(jnp.bfloat16))
+  )
 
 
 @pytest.mark.slow
@@ -83,32 +85,38 @@ def test_bf16_run_keeps_float32_optimizer_state_and_statistics(tmp_path):
   """A short GRPO run with bf16 params + compute: bf16 parameters, float32
   master copy and Adam moments in the checkpoint, finite float32 losses and
   noise statistics."""
+
   def cfg(dtype):
     from configs import default  # pylint: disable=import-outside-toplevel
+
     c = default.get_config("smoke")
     c.task.kwargs.max_digits = 1
     c.sft.steps, c.train.num_rounds, c.train.eval_every = 5, 2, 0
     c.train.eval_prompts, c.train.eval_expected = 8, False
     c.model.dtype = c.model.param_dtype = dtype
     return c
+
   s16 = train.train_and_evaluate(cfg("bfloat16"), str(tmp_path / "bf16"))
   assert s16["rounds"] == 2 and s16["skipped_updates"] == 0
   from cbs_jax import metrics as metrics_lib  # pylint: disable=import-outside-toplevel
-  rows = [r for r in metrics_lib.read_jsonl(str(tmp_path / "bf16" / "metrics.jsonl"))
-          if r["round"]]
+
+  rows = [r for r in metrics_lib.read_jsonl(str(tmp_path / "bf16" / "metrics.jsonl")) if r["round"]]
   for r in rows:
     for k in ("loss", "grad_norm", "entropy", "noise_split/trace_intra", "noise_split/g2"):
       assert r[k] is not None and np.isfinite(r[k]), (k, r[k])
   # the checkpoint holds bf16 params and a float32 optimizer state
   from cbs_jax import checkpoint as ckpt_lib  # pylint: disable=import-outside-toplevel
+
   c = cfg("bfloat16")
   config_lib.validate(c)
   ck = ckpt_lib.Checkpointer(str(tmp_path / "bf16" / "checkpoints"))
   meta = ck.read_meta()
   assert meta["model"]["param_dtype"] == "bfloat16"
   import orbax.checkpoint as ocp  # pylint: disable=import-outside-toplevel
+
   raw = ocp.StandardCheckpointer().restore(
-      os.path.join(ck.directory, str(ck.latest_step()), "state"))
+      os.path.join(ck.directory, str(ck.latest_step()), "state")
+  )
   dtypes = lambda t: {str(np.asarray(x).dtype) for x in jax.tree.leaves(t)}
   assert dtypes(raw["params"]) == {"bfloat16"}
   assert dtypes(raw["opt_state"]) <= {"float32", "int32"}

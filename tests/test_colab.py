@@ -3,6 +3,7 @@ and the committed .ipynb and its percent-format .py twin hold the same cells.
 
 The twin is parsed here with a few lines of our own (no jupytext needed), so a
 notebook edited without re-syncing the twin (or the reverse) fails."""
+
 import json
 import os
 import subprocess
@@ -15,8 +16,15 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PY = os.path.join(ROOT, "colab", "cbs_jax_tour.py")
 IPYNB = os.path.join(ROOT, "colab", "cbs_jax_tour.ipynb")
-FIGURES = ("learning_curves", "noise_tracker", "noise_decomposition", "noise_over_training",
-           "sweep_curves", "steps_vs_batch", "pareto")
+FIGURES = (
+    "learning_curves",
+    "noise_tracker",
+    "noise_decomposition",
+    "noise_over_training",
+    "sweep_curves",
+    "steps_vs_batch",
+    "pareto",
+)
 TINY_LIMIT_S = 180  # the tiny tour must fit in 3 minutes of one idle 2-core machine
 
 
@@ -33,7 +41,7 @@ def _py_cells(text):
   lines = text.splitlines()
   if lines and lines[0] == "# ---":  # the YAML header
     end = lines.index("# ---", 1)
-    lines = lines[end + 1:]
+    lines = lines[end + 1 :]
   cells, kind, buf = [], None, []
   for line in lines + ["# %%"]:
     if line.startswith("# %%"):
@@ -50,8 +58,10 @@ def _py_cells(text):
 
 
 def _nb_cells(nb):
-  return [(c["cell_type"], "\n".join(_strip_blank("".join(c["source"]).splitlines())))
-          for c in nb["cells"]]
+  return [
+      (c["cell_type"], "\n".join(_strip_blank("".join(c["source"]).splitlines())))
+      for c in nb["cells"]
+  ]
 
 
 @pytest.fixture(scope="module")
@@ -87,19 +97,33 @@ def test_notebook_committed_with_outputs_and_no_errors(notebook):
 def test_open_in_colab_badge_points_at_this_notebook(notebook):
   first = "".join(notebook["cells"][0]["source"])
   assert "colab.research.google.com/github/" in first
-  assert first.split("colab.research.google.com/github/", 1)[1].split(")")[0].endswith(
-      "/blob/main/colab/cbs_jax_tour.ipynb")
+  assert (
+      first.split("colab.research.google.com/github/", 1)[1]
+      .split(")")[0]
+      .endswith("/blob/main/colab/cbs_jax_tour.ipynb")
+  )
   assert not os.path.exists(os.path.join(ROOT, "colab", "cbs_jax_quickstart.ipynb"))
 
 
 @pytest.mark.slow
 def test_tour_runs_at_tiny_size(tmp_path):
-  env = dict(os.environ, CBS_JAX_TOUR_SIZE="tiny", CBS_JAX_TOUR_DIR=str(tmp_path / "tour"),
-             CBS_JAX_LOCAL_PATH=ROOT, MPLBACKEND="Agg")
+  env = dict(
+      os.environ,
+      CBS_JAX_TOUR_SIZE="tiny",
+      CBS_JAX_TOUR_DIR=str(tmp_path / "tour"),
+      CBS_JAX_LOCAL_PATH=ROOT,
+      MPLBACKEND="Agg",
+  )
   load0 = os.getloadavg()[0]
   t0 = time.time()
-  out = subprocess.run([sys.executable, PY], cwd=str(tmp_path), env=env, capture_output=True,
-                       text=True, timeout=4 * TINY_LIMIT_S)  # hard stop, even when oversubscribed
+  out = subprocess.run(
+      [sys.executable, PY],
+      cwd=str(tmp_path),
+      env=env,
+      capture_output=True,
+      text=True,
+      timeout=4 * TINY_LIMIT_S,
+  )  # hard stop, even when oversubscribed
   wall = time.time() - t0
   assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-5000:]
   assert "size=tiny" in out.stdout

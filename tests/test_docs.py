@@ -1,4 +1,5 @@
 """The design notes the code cites exist, with the sections it names."""
+
 import os
 import re
 import subprocess
@@ -7,8 +8,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _tracked(*patterns):
-  out = subprocess.run(["git", "ls-files", *patterns], cwd=ROOT, capture_output=True,
-                       text=True).stdout.split()
+  out = subprocess.run(
+      ["git", "ls-files", *patterns], cwd=ROOT, capture_output=True, text=True
+  ).stdout.split()
   return [p for p in out if os.path.exists(os.path.join(ROOT, p))]
 
 

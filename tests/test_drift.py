@@ -1,4 +1,5 @@
 """Tests for cbs_jax.drift against independent computations."""
+
 import math
 
 import jax
@@ -39,14 +40,11 @@ def test_exact_kl_vs_loop():
   for i in range(3):
     p, q = _softmax(p_logits[i]), _softmax(q_logits[i])
     want.append(sum(p[v] * math.log(p[v] / q[v]) for v in range(6)))
-  np.testing.assert_allclose(drift.exact_kl(p_logits, q_logits), want,
-                             rtol=1e-5)
-  assert float(drift.exact_kl(p_logits[0], p_logits[0])) == pytest.approx(
-      0.0, abs=1e-7)
+  np.testing.assert_allclose(drift.exact_kl(p_logits, q_logits), want, rtol=1e-5)
+  assert float(drift.exact_kl(p_logits[0], p_logits[0])) == pytest.approx(0.0, abs=1e-7)
   # zero-probability entries of p contribute 0, not NaN
   pz = np.array([0.0, 0.0, -np.inf])
-  np.testing.assert_allclose(drift.exact_kl(pz, np.zeros(3)),
-                             math.log(1.5), rtol=1e-6)
+  np.testing.assert_allclose(drift.exact_kl(pz, np.zeros(3)), math.log(1.5), rtol=1e-6)
 
 
 def test_kappa_exact_enumeration():
@@ -58,25 +56,28 @@ def test_kappa_exact_enumeration():
   b = np.array([0.1, 0.2, 0.3, 0.4])
   c_logits = rng.normal(size=4)
   c = _softmax(c_logits)
-  tokens = np.repeat(np.arange(4), [1, 2, 3, 4])          # 10 tokens
+  tokens = np.repeat(np.arange(4), [1, 2, 3, 4])  # 10 tokens
   rng.shuffle(tokens)
   # lay out as 3 rows x 5 with 5 padding slots holding garbage log-probs
-  lb = np.full(15, 3.0); lc = np.full(15, -40.0); mask = np.zeros(15)
+  lb = np.full(15, 3.0)
+  lc = np.full(15, -40.0)
+  mask = np.zeros(15)
   slots = np.sort(rng.choice(15, size=10, replace=False))
-  lb[slots] = np.log(b)[tokens]; lc[slots] = np.log(c)[tokens]; mask[slots] = 1
-  stats = _f(drift.drift_stats(*(jnp.asarray(x.reshape(3, 5), jnp.float32)
-                                 for x in (lb, lc, mask))))
+  lb[slots] = np.log(b)[tokens]
+  lc[slots] = np.log(c)[tokens]
+  mask[slots] = 1
+  stats = _f(
+      drift.drift_stats(*(jnp.asarray(x.reshape(3, 5), jnp.float32) for x in (lb, lc, mask)))
+  )
   kl = float(np.sum(b * np.log(b / c)))
-  np.testing.assert_allclose(float(drift.exact_kl(np.log(b), c_logits)), kl,
-                             rtol=1e-5)
+  np.testing.assert_allclose(float(drift.exact_kl(np.log(b), c_logits)), kl, rtol=1e-5)
   np.testing.assert_allclose(stats["kappa_k1"], kl, rtol=1e-5)
   np.testing.assert_allclose(stats["kappa_k3"], kl, rtol=1e-5)
   np.testing.assert_allclose(stats["ratio_mean"], 1.0, rtol=1e-5)
   np.testing.assert_allclose(stats["ratio_max"], np.max(c / b), rtol=1e-5)
   np.testing.assert_allclose(stats["ratio_min"], np.min(c / b), rtol=1e-5)
   # ESS of the token weights: (E_b r)^2 / E_b r^2 = 1 / sum_v c_v^2 / b_v
-  np.testing.assert_allclose(stats["ess"], 1.0 / np.sum(c ** 2 / b),
-                             rtol=1e-5)
+  np.testing.assert_allclose(stats["ess"], 1.0 / np.sum(c**2 / b), rtol=1e-5)
 
 
 def test_kappa_monte_carlo():
@@ -88,9 +89,13 @@ def test_kappa_monte_carlo():
   b, c = _softmax(rng.normal(size=v)), _softmax(rng.normal(size=v) * 0.7)
   kl = float(np.sum(b * np.log(b / c)))
   x = rng.choice(v, size=shape, p=b)
-  stats = _f(drift.drift_stats(jnp.asarray(np.log(b)[x], jnp.float32),
-                               jnp.asarray(np.log(c)[x], jnp.float32),
-                               jnp.ones(shape, jnp.float32)))
+  stats = _f(
+      drift.drift_stats(
+          jnp.asarray(np.log(b)[x], jnp.float32),
+          jnp.asarray(np.log(c)[x], jnp.float32),
+          jnp.ones(shape, jnp.float32),
+      )
+  )
   k1_v = np.log(b / c)
   k3_v = c / b - 1 + k1_v
   for key, vals in (("kappa_k1", k1_v), ("kappa_k3", k3_v)):
@@ -98,14 +103,13 @@ def test_kappa_monte_carlo():
     assert abs(stats[key] - kl) < 5 * sd / math.sqrt(n), (key, stats[key], kl)
   # the k3 terms are never negative, so kappa_k3 >= 0 always
   assert stats["kappa_k3"] >= 0
-  ess_exact = 1.0 / np.sum(c ** 2 / b)
+  ess_exact = 1.0 / np.sum(c**2 / b)
   assert abs(stats["ess"] - ess_exact) < 0.05 * ess_exact
 
 
 def test_clip_fractions_and_ratios_hand():
   # ratios, one row; eps_low = eps_high = 0.2
-  r = np.array([0.5, 0.79, 0.81, 1.0, 1.19, 1.21, 2.0, 0.7, 3.0, 0.1],
-               np.float64)
+  r = np.array([0.5, 0.79, 0.81, 1.0, 1.19, 1.21, 2.0, 0.7, 3.0, 0.1], np.float64)
   mask = np.array([1, 1, 1, 1, 1, 1, 1, 1, 1, 0], np.float64)  # last padded
   adv = np.array([-1, 1, -1, 1, 1, 1, -1, -2, 0, -1], np.float64)
   lb = np.full_like(r, -1.0)
@@ -116,14 +120,12 @@ def test_clip_fractions_and_ratios_hand():
   assert s["clip_frac_low"] == pytest.approx(3 / 9, abs=1e-7)
   assert s["clip_frac_high"] == pytest.approx(3 / 9, abs=1e-7)
   assert s["ratio_max"] == pytest.approx(3.0, rel=1e-6)
-  assert s["ratio_min"] == pytest.approx(0.5, rel=1e-6)   # 0.1 is padding
+  assert s["ratio_min"] == pytest.approx(0.5, rel=1e-6)  # 0.1 is padding
   assert s["ratio_mean"] == pytest.approx(r[:9].mean(), rel=1e-6)
-  assert s["ess"] == pytest.approx(r[:9].sum() ** 2 / (9 * (r[:9] ** 2).sum()),
-                                   rel=1e-5)
+  assert s["ess"] == pytest.approx(r[:9].sum() ** 2 / (9 * (r[:9] ** 2).sum()), rel=1e-5)
   # with advantages: low counts only A < 0 (0.5, 0.7; not 0.79 with A>0),
   # high counts only A > 0 (1.21; not 2.0 with A<0, not 3.0 with A=0)
-  s = _f(drift.drift_stats(*args, 0.2, 0.2,
-                           jnp.asarray(adv[None], jnp.float32)))
+  s = _f(drift.drift_stats(*args, 0.2, 0.2, jnp.asarray(adv[None], jnp.float32)))
   assert s["clip_frac_low"] == pytest.approx(2 / 9, abs=1e-7)
   assert s["clip_frac_high"] == pytest.approx(1 / 9, abs=1e-7)
   # asymmetric eps: eps_low = 0.25 drops 0.79; eps_high = 1.5 keeps only 3.0
@@ -139,13 +141,12 @@ def test_seq_ess_hand():
   lb = jnp.zeros_like(lc)
   mask = jnp.array([[1.0, 1.0], [1.0, 0.0], [0.0, 0.0]])
   s = _f(drift.drift_stats(lb, lc, mask))
-  assert s["seq_ess"] == pytest.approx(2.5 ** 2 / (2 * 4.25), rel=1e-6)
+  assert s["seq_ess"] == pytest.approx(2.5**2 / (2 * 4.25), rel=1e-6)
   # huge sequence log-ratios do not overflow: weights e^1000, e^999
   lc = jnp.array([[500.0, 500.0], [999.0, 0.0]])
   s = _f(drift.drift_stats(jnp.zeros_like(lc), lc, jnp.ones_like(lc)))
   e = math.exp(-1.0)
-  assert s["seq_ess"] == pytest.approx((1 + e) ** 2 / (2 * (1 + e * e)),
-                                       rel=1e-5)
+  assert s["seq_ess"] == pytest.approx((1 + e) ** 2 / (2 * (1 + e * e)), rel=1e-5)
 
 
 def test_on_policy():

@@ -5,6 +5,7 @@ enumerated accepted completions; the sampled value runs the real sampler
 (``rollouts.rollout``, the same path training uses) >= 20k times and the
 verifier on what it wrote. They must agree within 4 binomial SEs.
 """
+
 import jax
 import numpy as np
 import pytest
@@ -32,10 +33,13 @@ def _policy(tmp_path, task, kwargs, steps):
 
 
 @pytest.mark.slow  # two SFT runs of 300 steps
-@pytest.mark.parametrize("task,kwargs,steps", [
-    ("arithmetic", dict(min_digits=1, max_digits=1, ops="+-"), 300),
-    ("countdown", dict(num_numbers=2, max_number=9, ops="+-*"), 300),
-])
+@pytest.mark.parametrize(
+    "task,kwargs,steps",
+    [
+        ("arithmetic", dict(min_digits=1, max_digits=1, ops="+-"), 300),
+        ("countdown", dict(num_numbers=2, max_number=9, ops="+-*"), 300),
+    ],
+)
 def test_expected_pass_matches_sampled_pass(tmp_path, task, kwargs, steps):
   c, setup, graphdef, params = _policy(tmp_path, task, kwargs, steps)
   assert setup.expected is not None
@@ -43,8 +47,17 @@ def test_expected_pass_matches_sampled_pass(tmp_path, task, kwargs, steps):
   exact = setup.expected(graphdef, params)
   assert exact["expected_pass"] == pytest.approx(per_problem.mean())
   K = 448  # 48 prompts x 448 = 21,504 samples
-  out = rollouts.rollout(graphdef, params, setup.task, setup.tok, setup.eval_problems, K,
-                         jax.random.key(7), setup.layout, setup.eval_sampling)
+  out = rollouts.rollout(
+      graphdef,
+      params,
+      setup.task,
+      setup.tok,
+      setup.eval_problems,
+      K,
+      jax.random.key(7),
+      setup.layout,
+      setup.eval_sampling,
+  )
   sampled = out["rewards"]  # [P, K]
   n = sampled.size
   se = np.sqrt(np.sum(K * per_problem * (1 - per_problem))) / n
@@ -67,6 +80,7 @@ def test_task_without_enumerable_answers_is_a_clear_error():
   with c.task.unlocked():
     c.task.kwargs = config_lib.ConfigDict()
   from cbs_jax import tasks  # pylint: disable=import-outside-toplevel
+
   task = tasks.make_task("gsm8k")
   tok = tasks.make_tokenizer(task)
   layout = rollouts.Layout.for_task(task)

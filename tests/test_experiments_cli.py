@@ -4,6 +4,7 @@ another directory), and every study's ``--quick`` mode end to end, chained
 the way the full studies are: the on-policy sweep first, the others reading
 its runs back. Each must write the files its docstring promises, under
 ``--out`` only."""
+
 import importlib.util
 import os
 import subprocess
@@ -22,56 +23,113 @@ FLAGS = {
     "batch_law_off_policy": ["--root", "--on_root", "--out", "--reuse", "--quick"],
     "lr_scaling": ["--root", "--on_root", "--out", "--rules", "--quick"],
     "rollout_shape": ["--root", "--on_root", "--out", "--noise_batches", "--quick"],
-    "throughput_decision": ["--on_root", "--root", "--out", "--repeats", "--measure",
-                            "--quick"],
+    "throughput_decision": ["--on_root", "--root", "--out", "--repeats", "--measure", "--quick"],
     "noise_anatomy": ["--root", "--out", "--variants", "--batches", "--quick"],
     "drift_noise": ["--root", "--out", "--reuse", "--arms", "--quick"],
     "clipping_ablation": ["--root", "--out", "--variants", "--quick"],
-    "noise_over_training": ["--workdir", "--prompts", "--rollouts", "--batches", "--out",
-                            "--quick"],
+    "noise_over_training": [
+        "--workdir",
+        "--prompts",
+        "--rollouts",
+        "--batches",
+        "--out",
+        "--quick",
+    ],
     "sft_headroom": ["--root", "--out", "--quick"],
     "bench_parallel": ["--ns", "--rounds", "--repeats", "--workers", "--quick"],
-    "adaptive_batch": ["--root", "--on_root", "--out", "--throughput", "--fits",
-                       "--signals", "--seeds", "--quick"],
+    "adaptive_batch": [
+        "--root",
+        "--on_root",
+        "--out",
+        "--throughput",
+        "--fits",
+        "--signals",
+        "--seeds",
+        "--quick",
+    ],
 }
 # (script, extra flags, files it must write under <out>/<script>/)
 CHAINS = {
     # the on-policy sweep first; the others read its runs back
     "batch_law": [
-    ("batch_law_on_policy", [], ["batch_law_on_policy.md", "batch_law_on_policy.csv",
-                                 "batch_law_on_policy_runs.csv", "batch_law_on_policy.png",
-                                 "batch_law_on_policy_curves.png", "manifest.json"]),
-    ("batch_law_off_policy", ["--reuse=4"], ["batch_law_off_policy.md",
-                                             "batch_law_off_policy.csv", "manifest.json"]),
-    # the constant rule runs the same code path as linear: one of them suffices here
-    ("lr_scaling", ["--rules=constant,sqrt"], ["lr_scaling.md", "lr_scaling.csv", "lr_scaling_sqrt.png",
-                        "manifest.json"]),
-    ("rollout_shape", [], ["rollout_shape.md", "rollout_shape.csv", "rollout_shape.png",
-                           "manifest.json"]),
-    ("throughput_decision", ["--measure"], ["throughput_decision.md", "throughput.json",
-                                 "throughput_decision.png", "manifest.json"]),
-    # every signal; its fixed arms are the quick on-policy runs above (read back), its
-    # wall clock modelled from the throughput just measured
-    ("adaptive_batch", ["--throughput={out}/throughput_decision/throughput.json"],
-     ["adaptive_batch.md", "adaptive_batch.csv", "adaptive_batch_runs.csv",
-      "adaptive_batch_curves.png", "manifest.json"]
-     + [f"adaptive_batch_n_{s}.png" for s in SIGNALS]),
+        (
+            "batch_law_on_policy",
+            [],
+            [
+                "batch_law_on_policy.md",
+                "batch_law_on_policy.csv",
+                "batch_law_on_policy_runs.csv",
+                "batch_law_on_policy.png",
+                "batch_law_on_policy_curves.png",
+                "manifest.json",
+            ],
+        ),
+        (
+            "batch_law_off_policy",
+            ["--reuse=4"],
+            ["batch_law_off_policy.md", "batch_law_off_policy.csv", "manifest.json"],
+        ),
+        # the constant rule runs the same code path as linear: one of them suffices here
+        (
+            "lr_scaling",
+            ["--rules=constant,sqrt"],
+            ["lr_scaling.md", "lr_scaling.csv", "lr_scaling_sqrt.png", "manifest.json"],
+        ),
+        (
+            "rollout_shape",
+            [],
+            ["rollout_shape.md", "rollout_shape.csv", "rollout_shape.png", "manifest.json"],
+        ),
+        (
+            "throughput_decision",
+            ["--measure"],
+            [
+                "throughput_decision.md",
+                "throughput.json",
+                "throughput_decision.png",
+                "manifest.json",
+            ],
+        ),
+        # every signal; its fixed arms are the quick on-policy runs above (read back), its
+        # wall clock modelled from the throughput just measured
+        (
+            "adaptive_batch",
+            ["--throughput={out}/throughput_decision/throughput.json"],
+            [
+                "adaptive_batch.md",
+                "adaptive_batch.csv",
+                "adaptive_batch_runs.csv",
+                "adaptive_batch_curves.png",
+                "manifest.json",
+            ]
+            + [f"adaptive_batch_n_{s}.png" for s in SIGNALS],
+        ),
     ],
     # independent of the batch-size sweeps: a second test, so xdist runs the two at once
     "noise": [
-    ("noise_anatomy", [], ["noise_anatomy.md", "noise_anatomy.csv", "noise_anatomy.png",
-                           "manifest.json"]),
-    ("drift_noise", [], ["drift_noise.md", "drift_noise_fits.json", "manifest.json"]),
-    ("clipping_ablation", ["--variants=clip0.2,clip10"], ["clipping_ablation.md",
-                                                          "clipping_ablation.png",
-                                                          "manifest.json"]),
+        (
+            "noise_anatomy",
+            [],
+            ["noise_anatomy.md", "noise_anatomy.csv", "noise_anatomy.png", "manifest.json"],
+        ),
+        ("drift_noise", [], ["drift_noise.md", "drift_noise_fits.json", "manifest.json"]),
+        (
+            "clipping_ablation",
+            ["--variants=clip0.2,clip10"],
+            ["clipping_ablation.md", "clipping_ablation.png", "manifest.json"],
+        ),
     ],
 }
 
 
 def _run(script, *args, cwd, timeout):
-  return subprocess.run([sys.executable, os.path.join(ROOT, "experiments", f"{script}.py"),
-                         *args], cwd=cwd, capture_output=True, text=True, timeout=timeout)
+  return subprocess.run(
+      [sys.executable, os.path.join(ROOT, "experiments", f"{script}.py"), *args],
+      cwd=cwd,
+      capture_output=True,
+      text=True,
+      timeout=timeout,
+  )
 
 
 def _main_in_process(script, *args, cwd, monkeypatch, capsys):
@@ -86,8 +144,9 @@ def _main_in_process(script, *args, cwd, monkeypatch, capsys):
 
 @pytest.mark.parametrize("script", sorted(FLAGS))
 def test_help_lists_flags(script, tmp_path, monkeypatch, capsys):
-  code, stdout, stderr = _main_in_process(script, "--help", cwd=tmp_path,
-                                          monkeypatch=monkeypatch, capsys=capsys)
+  code, stdout, stderr = _main_in_process(
+      script, "--help", cwd=tmp_path, monkeypatch=monkeypatch, capsys=capsys
+  )
   assert code == 0, stderr
   for flag in FLAGS[script]:
     assert flag in stdout, (flag, stdout)
@@ -99,24 +158,26 @@ def _check_adaptive(res):
   md = (res / "adaptive_batch.md").read_text()
   assert "wall s@" in md and "modelled from" in md
   for arm in ("fixed small", "fixed default", "fixed large") + tuple(
-      f"adaptive {s}" for s in SIGNALS):
+      f"adaptive {s}" for s in SIGNALS
+  ):
     assert arm in md, arm
   runs = (res / "adaptive_batch_runs.csv").read_text().splitlines()
   seeds = 2  # --quick's default
-  assert len(runs) == 1 + 3 * seeds + len(SIGNALS) * seeds + (
-      seeds if "fixed best" in md else 0)
+  assert len(runs) == 1 + 3 * seeds + len(SIGNALS) * seeds + (seeds if "fixed best" in md else 0)
 
 
 def _check_throughput(res):
   """--measure: seed 0 of every N rerun and timed; where the quick on-policy
   run reached the target (seed 0 at N = 8 does), so does its rerun."""
   import csv  # pylint: disable=import-outside-toplevel
+
   with open(res / "throughput_decision.csv") as f:
     rows = list(csv.DictReader(f))
   assert {"T_measured", "run_vs_bench", "T_overhead"} <= set(rows[0])
   timed = [r for r in rows if r["T_measured"] not in ("", "None")]
-  assert timed and all(float(r["T_measured"]) > 0 and float(r["T_overhead"]) >= 0
-                       for r in timed), rows
+  assert timed and all(
+      float(r["T_measured"]) > 0 and float(r["T_overhead"]) >= 0 for r in timed
+  ), rows
 
 
 CHECKS = {"adaptive_batch": _check_adaptive, "throughput_decision": _check_throughput}
@@ -132,8 +193,7 @@ def test_every_study_quick_mode_writes_its_files(chain, tmp_path):
     assert p.returncode == 0, (script, p.stdout[-2000:] + p.stderr[-4000:])
     for name in files:
       f = out / script / name
-      assert f.is_file() and f.stat().st_size > 0, (script, name,
-                                                     sorted(os.listdir(out / script)))
+      assert f.is_file() and f.stat().st_size > 0, (script, name, sorted(os.listdir(out / script)))
     if script in CHECKS:
       CHECKS[script](out / script)
   assert sorted(os.listdir(tmp_path)) == ["out"]  # runs went under --out, not the cwd
@@ -148,11 +208,14 @@ def test_sft_headroom_quick_writes_outputs(tmp_path):
   assert sorted(os.listdir(tmp_path)) == ["out"]
 
 
-@pytest.mark.parametrize("script,flag", [("clipping_ablation", "--variants=nosuch"),
-                                         ("noise_anatomy", "--variants=nosuch")])
+@pytest.mark.parametrize(
+    "script,flag",
+    [("clipping_ablation", "--variants=nosuch"), ("noise_anatomy", "--variants=nosuch")],
+)
 def test_bad_flag_is_an_error(script, flag, tmp_path, monkeypatch, capsys):
-  code, _, stderr = _main_in_process(script, flag, cwd=tmp_path, monkeypatch=monkeypatch,
-                                     capsys=capsys)
+  code, _, stderr = _main_in_process(
+      script, flag, cwd=tmp_path, monkeypatch=monkeypatch, capsys=capsys
+  )
   assert code == 2 and "unknown variants" in stderr
 
 
@@ -161,8 +224,12 @@ def test_study_command_line_puts_quick_runs_under_out(tmp_path):
   --out (what was given explicitly is kept), and a bad --workers is an error."""
   ap = study_runner.parser("doc", "demo", "sweep root", on_root_help="on-policy root")
   a = study_runner.parse(ap, [])
-  assert (a.root, a.on_root, a.out, a.workers) == ("runs/demo", "runs/batch_law_on",
-                                                   study_runner.RESULTS, 2)
+  assert (a.root, a.on_root, a.out, a.workers) == (
+      "runs/demo",
+      "runs/batch_law_on",
+      study_runner.RESULTS,
+      2,
+  )
   a = study_runner.parse(ap, ["--quick", f"--out={tmp_path}"])
   assert a.root == os.path.join(tmp_path, "runs_demo")
   assert a.on_root == os.path.join(tmp_path, "runs_on")

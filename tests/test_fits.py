@@ -4,6 +4,7 @@ Independent checks: synthetic data drawn from known laws (the truth is
 known, so recovery and interval coverage are checked against it), and the
 weighted least-squares coefficients against numpy's polyfit with weights.
 """
+
 import math
 
 import numpy as np
@@ -43,8 +44,7 @@ def test_fit_recovers_a_known_b_crit_from_noisy_seeds():
 
 def test_ninety_percent_interval_covers_the_truth_85_to_95_percent():
   rng = np.random.default_rng(2)
-  hits = [batch_law.fit_critical_batch(*_sweep(rng), n_boot=400, seed=i)
-          for i in range(200)]
+  hits = [batch_law.fit_critical_batch(*_sweep(rng), n_boot=400, seed=i) for i in range(200)]
   cover = np.mean([f["B_crit_lo"] <= 1000.0 <= f["B_crit_hi"] for f in hits])
   assert 0.85 <= cover <= 0.95, cover
 
@@ -70,8 +70,9 @@ def test_fit_shortfalls_are_named():
   with pytest.raises(ValueError, match="distinct batch sizes"):
     batch_law.fit_critical_batch([64, 64, 128, 128], [10, 11, 5, 6])
   with pytest.raises(ValueError, match="N=128 has 2 seed"):
-    batch_law.fit_critical_batch([64] * 3 + [128] * 2 + [256] * 3, [9, 9, 9, 5, 5, 3, 3, 3],
-                             [0, 1, 2, 0, 1, 0, 1, 2])
+    batch_law.fit_critical_batch(
+        [64] * 3 + [128] * 2 + [256] * 3, [9, 9, 9, 5, 5, 3, 3, 3], [0, 1, 2, 0, 1, 0, 1, 2]
+    )
 
 
 def test_ratio_interval_of_two_fits():
@@ -85,21 +86,20 @@ def test_wls_matches_numpy_weighted_polyfit():
   rng = np.random.default_rng(7)
   x = rng.uniform(0, 1, 40)
   se = rng.uniform(0.1, 1.0, 40)
-  y = 1 + 2 * x - 3 * x ** 2 + rng.normal(0, se)
+  y = 1 + 2 * x - 3 * x**2 + rng.normal(0, se)
   X = np.stack([np.ones_like(x), x, x * x], 1)
   got = stats.wls(X, y, se).coef
   want = np.polyfit(x, y, 2, w=1 / se)[::-1]  # polyfit's w multiplies residuals
   np.testing.assert_allclose(got, want, rtol=1e-8)
 
 
-@pytest.mark.parametrize("truth,least", [("quadratic", 0.9), ("linear", 0.85),
-                                         ("flat", 0.85)])
+@pytest.mark.parametrize("truth,least", [("quadratic", 0.9), ("linear", 0.85), ("flat", 0.85)])
 def test_trend_verdict_linear_vs_quadratic(truth, least):
   """Over 100 synthetic data sets the verdict names the true law in most
   (a test at alpha = 0.05 calls a flat law 'linear' ~5% of the time)."""
   rng = np.random.default_rng(8)
   k = np.linspace(0.0, 0.1, 16)
-  mean = {"quadratic": 100 + 4e4 * k ** 2, "linear": 100 + 800 * k, "flat": 100 + 0 * k}[truth]
+  mean = {"quadratic": 100 + 4e4 * k**2, "linear": 100 + 800 * k, "flat": 100 + 0 * k}[truth]
   se = np.full_like(k, 3.0)
   fits = [drift.fit_trend(k, mean + rng.normal(0, se), se) for _ in range(100)]
   assert np.mean([f["verdict"] == truth for f in fits]) >= least
@@ -129,12 +129,12 @@ def test_ratio_of_means_and_its_jackknife_against_monte_carlo():
   means is not, and its jackknife SE matches the spread over 2,000 repeats."""
   rng = np.random.default_rng(0)
   n, reps = 60, 2000
-  den = rng.gamma(4.0, 25.0, size=(reps, n))           # mean 100, CV 0.5
-  num = 1.3 * rng.gamma(4.0, 25.0, size=(reps, n))     # independent of den, mean 130
+  den = rng.gamma(4.0, 25.0, size=(reps, n))  # mean 100, CV 0.5
+  num = 1.3 * rng.gamma(4.0, 25.0, size=(reps, n))  # independent of den, mean 130
   est = np.array([stats.ratio_of_means(a, b) for a, b in zip(num, den)])
   naive = (num / den).mean(1)
   assert abs(est[:, 0].mean() - 1.3) < 0.01
-  assert naive.mean() > 1.3 * 1.25                      # E[1/den] ~ (1 + CV^2) / E[den]
+  assert naive.mean() > 1.3 * 1.25  # E[1/den] ~ (1 + CV^2) / E[den]
   assert est[:, 1].mean() == pytest.approx(est[:, 0].std(), rel=0.1)
   # the point estimate is sum / sum, checked by hand on a small case
   r, se = stats.ratio_of_means([1.0, 2.0, 3.0], [2.0, 2.0, 2.0])

@@ -4,6 +4,7 @@ Python loop of ``jax.grad`` over rollouts, and against the vmap path
 aggregation mode, both exact forms (Gram sums and formed group gradients),
 and the model options (GQA, q/k/v biases, q/k norms, tied embeddings, a PPO
 value head)."""
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -23,8 +24,7 @@ MODES = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm")
 
 def tiny(seed=0, **over):
   c = model_lib.default_config()
-  c.update(vocab_size=V, d_model=16, num_layers=2, num_heads=4, num_kv_heads=2, d_ff=24,
-           max_len=16)
+  c.update(vocab_size=V, d_model=16, num_layers=2, num_heads=4, num_kv_heads=2, d_ff=24, max_len=16)
   c.update(**over)
   return model_lib.build(c, seed)
 
@@ -41,20 +41,31 @@ def make_batch(graphdef, params, seed=0, on_policy=False):
   clen = rng.integers(1, TC + 1, size=B)
   cmask = (np.arange(TC)[None] < clen[:, None]).astype(np.float32)
   completion = np.where(cmask > 0, rng.integers(3, V, size=(B, TC)), 0)
-  sc = _score(graphdef, params, jnp.asarray(prompt), jnp.asarray(prompt_mask),
-              jnp.asarray(completion), jnp.asarray(cmask), scoring.SamplingSpec())
+  sc = _score(
+      graphdef,
+      params,
+      jnp.asarray(prompt),
+      jnp.asarray(prompt_mask),
+      jnp.asarray(completion),
+      jnp.asarray(cmask),
+      scoring.SamplingSpec(),
+  )
   logp_old = (sc.logprobs + rng.uniform(-0.3, 0.3, size=(B, TC))) * cmask  # some clipped
   adv = np.repeat(rng.normal(size=B), TC).reshape(B, TC) * cmask
   logp_ref = (sc.logprobs + rng.uniform(-0.3, 0.3, size=(B, TC))) * cmask
   values = rng.normal(size=(B, TC)) * cmask
-  return dict(prompt=jnp.asarray(prompt, jnp.int32), prompt_mask=jnp.asarray(prompt_mask),
-              completion=jnp.asarray(completion, jnp.int32),
-              completion_mask=jnp.asarray(cmask),
-              logp_old=jnp.asarray(logp_old, jnp.float32), adv=jnp.asarray(adv, jnp.float32),
-              logp_ref=jnp.asarray(logp_ref, jnp.float32),
-              returns=jnp.asarray(values + rng.normal(size=(B, TC)) * cmask, jnp.float32),
-              old_values=jnp.asarray(values, jnp.float32),
-              on_policy=jnp.full((B,), on_policy))
+  return dict(
+      prompt=jnp.asarray(prompt, jnp.int32),
+      prompt_mask=jnp.asarray(prompt_mask),
+      completion=jnp.asarray(completion, jnp.int32),
+      completion_mask=jnp.asarray(cmask),
+      logp_old=jnp.asarray(logp_old, jnp.float32),
+      adv=jnp.asarray(adv, jnp.float32),
+      logp_ref=jnp.asarray(logp_ref, jnp.float32),
+      returns=jnp.asarray(values + rng.normal(size=(B, TC)) * cmask, jnp.float32),
+      old_values=jnp.asarray(values, jnp.float32),
+      on_policy=jnp.full((B,), on_policy),
+  )
 
 
 def cfgs(mode="token_mean", kl_beta=0.1, loss="ppo", algo="grpo"):
@@ -67,27 +78,33 @@ def fns(graphdef, rl_cfg, s_cfg, form="auto"):
   """Jitted (params, batch) functions, compiled once per test for every batch:
   ghost moments + grad + loss, vmap moments, one rollout's gradient, the
   batch loss and gradient."""
-  ghost_fn = jax.jit(lambda p, b: ghost.moments_and_grad(p, graphdef, b, P, K, rl_cfg, s_cfg,
-                                                          form=form))
-  vmap_fn = jax.jit(lambda p, b: gradstats.group_moments(p, graphdef, b, P, K, rl_cfg, s_cfg,
-                                                          1))
+  ghost_fn = jax.jit(
+      lambda p, b: ghost.moments_and_grad(p, graphdef, b, P, K, rl_cfg, s_cfg, form=form)
+  )
+  vmap_fn = jax.jit(lambda p, b: gradstats.group_moments(p, graphdef, b, P, K, rl_cfg, s_cfg, 1))
 
   @jax.jit
   def grad_i(i, p, b):  # i traced: one compile for every rollout
     counts = objective.counts_of(b)
-    return jax.grad(lambda q: objective.rollout_losses(q, graphdef, b, counts, rl_cfg,
-                                                       s_cfg)[0][i])(p)
+    return jax.grad(
+        lambda q: objective.rollout_losses(q, graphdef, b, counts, rl_cfg, s_cfg)[0][i]
+    )(p)
 
-  plain = jax.jit(lambda p, b: jax.value_and_grad(objective.batch_loss, has_aux=True)(
-      p, graphdef, b, objective.counts_of(b), rl_cfg, s_cfg))
+  plain = jax.jit(
+      lambda p, b: jax.value_and_grad(objective.batch_loss, has_aux=True)(
+          p, graphdef, b, objective.counts_of(b), rl_cfg, s_cfg
+      )
+  )
   return ghost_fn, vmap_fn, grad_i, plain
 
 
 def loop_moments(grad_i, params, batch):
   """Per-leaf moments from g_i = N grad L_i, one jax.grad per rollout."""
   N = P * K
-  g = [[N * np.ravel(np.asarray(x, np.float64))
-        for x in jax.tree.leaves(grad_i(i, params, batch))] for i in range(N)]
+  g = [
+      [N * np.ravel(np.asarray(x, np.float64)) for x in jax.tree.leaves(grad_i(i, params, batch))]
+      for i in range(N)
+  ]
   L = len(g[0])
   sq = np.zeros((L, P))
   msq = np.zeros((L, P))
@@ -120,8 +137,10 @@ def test_matches_loop_and_vmap_every_aggregation_several_batches(mode):
     m, grad, loss = ghost_fn(params, batch)
     check(m, ref)
     v = vmap_fn(params, batch)
-    check(m, (np.asarray(v.sum_sqnorm_P), np.asarray(v.mean_sqnorm_P),
-              np.asarray(v.batch_mean_sqnorm)))
+    check(
+        m,
+        (np.asarray(v.sum_sqnorm_P), np.asarray(v.mean_sqnorm_P), np.asarray(v.batch_mean_sqnorm)),
+    )
     (want_loss, _), want = plain(params, batch)
     assert float(loss) == pytest.approx(float(want_loss), rel=1e-5, abs=1e-7)
     for a, b in zip(jax.tree.leaves(grad), jax.tree.leaves(want)):
@@ -140,10 +159,12 @@ def test_both_exact_forms(form):
 def test_model_options_tied_biases_qk_norm_value_head():
   """Tied embeddings (two uses of one table: Gram cross terms), q/k/v biases,
   q/k RMSNorm, head_dim != d_model / heads and PPO's value loss."""
-  graphdef, params = tiny(seed=2, tie_embeddings=True, qkv_bias=True, qk_norm=True,
-                          head_dim=6, value_head=True)
-  params = jax.tree.map(lambda x: x + 0.1 * jax.random.normal(jax.random.key(7), x.shape),
-                        params)  # non-zero biases, non-unit norm scales
+  graphdef, params = tiny(
+      seed=2, tie_embeddings=True, qkv_bias=True, qk_norm=True, head_dim=6, value_head=True
+  )
+  params = jax.tree.map(
+      lambda x: x + 0.1 * jax.random.normal(jax.random.key(7), x.shape), params
+  )  # non-zero biases, non-unit norm scales
   rl_cfg, s_cfg = cfgs("token_mean", kl_beta=0.05, algo="ppo")
   batch = make_batch(graphdef, params, seed=4)
   _, _, grad_i, _ = fns(graphdef, rl_cfg, s_cfg)
@@ -169,12 +190,14 @@ def test_default_forward_has_no_taps():
   the same whether or not ghost.py was used before."""
   graphdef, params = tiny()
   batch = make_batch(graphdef, params)
-  args = scoring.teacher_forcing_inputs(batch["prompt"], batch["prompt_mask"],
-                                        batch["completion"], batch["completion_mask"])
+  args = scoring.teacher_forcing_inputs(
+      batch["prompt"], batch["prompt_mask"], batch["completion"], batch["completion_mask"]
+  )
   before = str(jax.make_jaxpr(lambda p: model_lib.apply(graphdef, p, *args).logits)(params))
   rl_cfg, s_cfg = cfgs()
-  jax.eval_shape(lambda p, b: ghost.group_moments(p, graphdef, b, P, K, rl_cfg, s_cfg),
-                 params, batch)  # traces the tapped forward
+  jax.eval_shape(
+      lambda p, b: ghost.group_moments(p, graphdef, b, P, K, rl_cfg, s_cfg), params, batch
+  )  # traces the tapped forward
   after = str(jax.make_jaxpr(lambda p: model_lib.apply(graphdef, p, *args).logits)(params))
   assert before == after
 
@@ -189,10 +212,10 @@ def test_gradstats_dispatches_to_ghost():
   args = (params, graphdef, batch, P, K, rl_cfg, s_cfg, 1)
   v = gradstats.group_moments(*args)
   g = gradstats.group_moments(*args, method="ghost")
-  check(g, (np.asarray(v.sum_sqnorm_P), np.asarray(v.mean_sqnorm_P),
-            np.asarray(v.batch_mean_sqnorm)))
+  check(
+      g, (np.asarray(v.sum_sqnorm_P), np.asarray(v.mean_sqnorm_P), np.asarray(v.batch_mean_sqnorm))
+  )
   with pytest.raises(ValueError, match="method='vmap'"):
-    gradstats.group_moments(*args, prompt_groups=np.zeros(P, int), num_groups=1,
-                            method="ghost")
+    gradstats.group_moments(*args, prompt_groups=np.zeros(P, int), num_groups=1, method="ghost")
   with pytest.raises(ValueError, match="nosuch"):
     gradstats.group_moments(*args, method="nosuch")

@@ -15,6 +15,7 @@ Cornish-Fisher expansion that was within 1% of it for z <= 2 at dof >= 2
 (``*/b_noise_lo``, ``*/b_noise_hi``, ``adaptive/signal_lo``/``_hi``) are
 compared to 10%; everything else exactly.
 """
+
 import json
 import math
 import os
@@ -64,7 +65,8 @@ def test_diff_rows_finds_a_changed_field_and_tolerates_interval_bounds():
   want = [{"round": 1, "loss": 0.5, "noise_ema/b_noise_hi": 100.0, "x": float("nan")}]
   assert diff_rows(want, [dict(want[0], **{"noise_ema/b_noise_hi": 105.0})]) == []
   assert diff_rows(want, [dict(want[0], loss=0.5000001)]) == [
-      "row 0 (round 1): loss: fixture 0.5, run 0.5000001"]
+      "row 0 (round 1): loss: fixture 0.5, run 0.5000001"
+  ]
   assert diff_rows(want, [dict(want[0], **{"noise_ema/b_noise_hi": 120.0})])
   assert diff_rows(want, [{k: v for k, v in want[0].items() if k != "x"}])
 

@@ -4,6 +4,7 @@ Independent checks: the split is checked on 100k fresh training draws (not
 on the hash that defines it), and each task's `accepted_completions` is
 compared with a brute-force scan of every string over the task's alphabet.
 """
+
 import collections
 import itertools
 
@@ -18,8 +19,12 @@ TASKS = {
     "countdown": lambda: CountdownTask(num_numbers=3, max_number=20),
     "gsm8k": GSM8KTask,
 }
-TRAIN_DRAWS = {"arithmetic": 100_000, "arithmetic_mul": 100_000, "countdown": 100_000,
-               "gsm8k": 100_000}
+TRAIN_DRAWS = {
+    "arithmetic": 100_000,
+    "arithmetic_mul": 100_000,
+    "countdown": 100_000,
+    "gsm8k": 100_000,
+}
 
 
 @pytest.mark.parametrize("name", sorted(TASKS))
@@ -42,8 +47,12 @@ def test_eval_split_never_drawn_for_training(name):
 def test_small_difficulty_level_is_split_and_counted():
   """1-digit +/- has 200 problems: ~10% are held out, the rest trained on."""
   task = ArithmeticTask(min_digits=1, max_digits=1, ops="+-")
-  every = [Problem(f"{a}{op}{b}=", "", "", 1, (a, op, b))
-           for a in range(10) for b in range(10) for op in "+-"]
+  every = [
+      Problem(f"{a}{op}{b}=", "", "", 1, (a, op, b))
+      for a in range(10)
+      for b in range(10)
+      for op in "+-"
+  ]
   parts = collections.Counter(task.split_of(p) for p in every)
   assert parts["eval"] + parts["train"] == 200
   assert 8 <= parts["eval"] <= 35, parts  # binomial(200, 0.1): mean 20, sd 4.2
@@ -55,8 +64,13 @@ def test_split_is_a_fixed_function_of_the_problem():
   task = CountdownTask()
   p = task.draw(np.random.default_rng(3), 1)[0]
   numbers, target = p.meta
-  shuffled = Problem(",".join(map(str, numbers[::-1])) + f">{target}:", p.answer, "",
-                     p.difficulty, (tuple(numbers[::-1]), target))
+  shuffled = Problem(
+      ",".join(map(str, numbers[::-1])) + f">{target}:",
+      p.answer,
+      "",
+      p.difficulty,
+      (tuple(numbers[::-1]), target),
+  )
   assert task.split_of(shuffled) == task.split_of(p)
   assert base.stable_fraction("x") == base.stable_fraction("x")
   with pytest.raises(ValueError, match="split"):
@@ -73,8 +87,9 @@ def _brute_force(task, problem, max_chars):
   return out
 
 
-@pytest.mark.parametrize("a,op,b,max_chars", [(7, "-", 9, 4), (0, "+", 0, 3), (5, "*", 8, 4),
-                                              (3, "+", 4, 3)])
+@pytest.mark.parametrize(
+    "a,op,b,max_chars", [(7, "-", 9, 4), (0, "+", 0, 3), (5, "*", 8, 4), (3, "+", 4, 3)]
+)
 def test_arithmetic_accepted_set_is_every_accepted_string(a, op, b, max_chars):
   task = ArithmeticTask(min_digits=1, max_digits=1, ops="+-*")
   ans = {"+": a + b, "-": a - b, "*": a * b}[op]
@@ -84,12 +99,12 @@ def test_arithmetic_accepted_set_is_every_accepted_string(a, op, b, max_chars):
   assert set(got) == _brute_force(task, p, max_chars)
 
 
-@pytest.mark.parametrize("numbers,target,max_chars", [((2, 3, 4), 6, 4), ((1, 1, 2), 2, 4),
-                                                      ((12, 3, 5), 4, 4)])
+@pytest.mark.parametrize(
+    "numbers,target,max_chars", [((2, 3, 4), 6, 4), ((1, 1, 2), 2, 4), ((12, 3, 5), 4, 4)]
+)
 def test_countdown_accepted_set_is_every_accepted_string(numbers, target, max_chars):
   task = CountdownTask(num_numbers=3, max_number=20)
-  p = Problem(",".join(map(str, numbers)) + f">{target}:", str(target), "", 3,
-              (numbers, target))
+  p = Problem(",".join(map(str, numbers)) + f">{target}:", str(target), "", 3, (numbers, target))
   got = task.accepted_completions(p, max_chars)
   assert len(got) == len(set(got))
   assert set(got) == _brute_force(task, p, max_chars)

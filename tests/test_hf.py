@@ -11,6 +11,7 @@ initialises biases to zero and norms to one, which would hide mapping bugs).
 The parity tests skip without the ``parity`` extra; the error and roundtrip
 tests need only safetensors/tokenizers.
 """
+
 import json
 import os
 import subprocess
@@ -53,22 +54,36 @@ def _tokenizer_files(dirname, n_tokens):
   tok.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
   tok.save(os.path.join(dirname, "tokenizer.json"))
   with open(os.path.join(dirname, "tokenizer_config.json"), "w") as f:
-    json.dump({"eos_token": "<|endoftext|>", "pad_token": "<|endoftext|>",
-               "bos_token": None}, f)
+    json.dump({"eos_token": "<|endoftext|>", "pad_token": "<|endoftext|>", "bos_token": None}, f)
 
 
 FAMILIES = {
     "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", {}),
     "qwen2_tied": ("Qwen2Config", "Qwen2ForCausalLM", {"tie_word_embeddings": True}),
-    "llama_tied": ("LlamaConfig", "LlamaForCausalLM",
-                   {"tie_word_embeddings": True, "rope_theta": 500000.0}),
-    "llama_linear": ("LlamaConfig", "LlamaForCausalLM",
-                     {"rope_scaling": {"rope_type": "linear", "factor": 4.0}}),
+    "llama_tied": (
+        "LlamaConfig",
+        "LlamaForCausalLM",
+        {"tie_word_embeddings": True, "rope_theta": 500000.0},
+    ),
+    "llama_linear": (
+        "LlamaConfig",
+        "LlamaForCausalLM",
+        {"rope_scaling": {"rope_type": "linear", "factor": 4.0}},
+    ),
     # original 64 / factors 1, 4: head_dim 16 frequencies fall in all three bands
-    "llama3": ("LlamaConfig", "LlamaForCausalLM",
-               {"rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
-                                 "high_freq_factor": 4.0,
-                                 "original_max_position_embeddings": 64}}),
+    "llama3": (
+        "LlamaConfig",
+        "LlamaForCausalLM",
+        {
+            "rope_scaling": {
+                "rope_type": "llama3",
+                "factor": 8.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 64,
+            }
+        },
+    ),
     "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", {"head_dim": 32}),
 }
 
@@ -76,13 +91,21 @@ FAMILIES = {
 def _hf_model(family, seed=0):
   torch = _torch()
   import transformers  # pylint: disable=import-outside-toplevel
+
   cfg_cls, model_cls, extra = FAMILIES[family]
   if not hasattr(transformers, model_cls):
     pytest.skip(f"installed transformers has no {model_cls}")
   cfg = getattr(transformers, cfg_cls)(
-      vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-      num_key_value_heads=2, intermediate_size=96, max_position_embeddings=128,
-      rms_norm_eps=1e-6, **extra)
+      vocab_size=VOCAB,
+      hidden_size=64,
+      num_hidden_layers=2,
+      num_attention_heads=4,
+      num_key_value_heads=2,
+      intermediate_size=96,
+      max_position_embeddings=128,
+      rms_norm_eps=1e-6,
+      **extra,
+  )
   torch.manual_seed(seed)
   m = getattr(transformers, model_cls)(cfg).eval()
   with torch.no_grad():
@@ -109,6 +132,7 @@ def saved(tmp_path_factory):
       _tokenizer_files(d, VOCAB - 10)
       cache[family] = (m, d)
     return cache[family]
+
   return get
 
 
@@ -127,8 +151,9 @@ def _ours(gd, params, tokens, mask=None):
   tokens = np.asarray(tokens, np.int32)
   mask = np.ones(tokens.shape, bool) if mask is None else np.asarray(mask, bool)
   pos = np.maximum(np.cumsum(mask, 1) - 1, 0).astype(np.int32)
-  return np.asarray(_apply(gd, params, jnp.asarray(tokens), jnp.asarray(pos),
-                           jnp.asarray(mask)).logits)
+  return np.asarray(
+      _apply(gd, params, jnp.asarray(tokens), jnp.asarray(pos), jnp.asarray(mask)).logits
+  )
 
 
 def _greedy_ours(gd, params, cfg, prompt, n):
@@ -146,8 +171,7 @@ def _greedy_ours(gd, params, cfg, prompt, n):
     if t == n - 1:
       break
     kv = kv.at[:, T + t].set(True)
-    out = _apply(gd, params, tok[:, None], jnp.full((B, 1), T + t, jnp.int32), kv,
-                 out.cache, T + t)
+    out = _apply(gd, params, tok[:, None], jnp.full((B, 1), T + t, jnp.int32), kv, out.cache, T + t)
   return np.stack(toks, 1)
 
 
@@ -156,7 +180,7 @@ def _greedy_torch(m, prompt, n):
   for _ in range(n):
     nxt = _torch_logits(m, seq)[:, -1].argmax(-1)
     seq = np.concatenate([seq, nxt[:, None]], 1)
-  return seq[:, prompt.shape[1]:]
+  return seq[:, prompt.shape[1] :]
 
 
 @pytest.mark.parametrize("family", list(FAMILIES))
@@ -183,8 +207,9 @@ def test_logits_and_greedy_parity(saved, family):
   assert np.abs(ours - theirs)[mask].max() <= LOGITS_ATOL
 
   prompt = rng.integers(0, VOCAB, (4, 6))
-  np.testing.assert_array_equal(_greedy_ours(gd, params, cfg, prompt, 10),
-                                _greedy_torch(m, prompt, 10))
+  np.testing.assert_array_equal(
+      _greedy_ours(gd, params, cfg, prompt, 10), _greedy_torch(m, prompt, 10)
+  )
 
 
 def test_rope_scaling_is_exercised(saved):
@@ -217,6 +242,7 @@ def test_bf16_logprobs_bounded(saved, family):
 def test_export_roundtrip_and_transformers_reload(saved, tmp_path, family):
   m, d = saved(family)
   import transformers  # pylint: disable=import-outside-toplevel
+
   gd, params, cfg, _ = hf.load(d)
   out = hf.export(gd, params, cfg, str(tmp_path / "out"), source_dir=d)
   assert os.path.isfile(os.path.join(out, "tokenizer.json"))
@@ -234,6 +260,7 @@ def test_export_roundtrip_and_transformers_reload(saved, tmp_path, family):
 # Without transformers: roundtrip and errors on checkpoints we export
 # ---------------------------------------------------------------------------
 
+
 def _tiny(**kw):
   c = model_lib.default_config()
   c.vocab_size, c.d_model, c.d_ff, c.max_len = VOCAB, 32, 48, 64
@@ -241,9 +268,14 @@ def _tiny(**kw):
   return c
 
 
-@pytest.mark.parametrize("kw", [dict(qkv_bias=True), dict(qk_norm=True, head_dim=16),
-                                dict(tie_embeddings=True,
-                                     rope_scaling="rope_type=linear,factor=2.0")])
+@pytest.mark.parametrize(
+    "kw",
+    [
+        dict(qkv_bias=True),
+        dict(qk_norm=True, head_dim=16),
+        dict(tie_embeddings=True, rope_scaling="rope_type=linear,factor=2.0"),
+    ],
+)
 def test_roundtrip_own_model(tmp_path, kw):
   c = _tiny(**kw)
   gd, params = model_lib.build(c, seed=1)
@@ -260,6 +292,7 @@ def test_bf16_export_and_sharded_index(tmp_path):
   """bfloat16 tensors, and a checkpoint split over two files with an index."""
   safetensors_np = pytest.importorskip("safetensors.numpy")
   from safetensors import safe_open  # pylint: disable=import-outside-toplevel
+
   c = _tiny(qkv_bias=True)
   gd, params = model_lib.build(c, seed=2)
   src = str(tmp_path / "one")
@@ -270,8 +303,10 @@ def test_bf16_export_and_sharded_index(tmp_path):
   split = tmp_path / "split"
   split.mkdir()
   names = sorted(tensors)
-  halves = {"model-00001-of-00002.safetensors": names[::2],
-            "model-00002-of-00002.safetensors": names[1::2]}
+  halves = {
+      "model-00001-of-00002.safetensors": names[::2],
+      "model-00002-of-00002.safetensors": names[1::2],
+  }
   weight_map = {}
   for fname, keys in halves.items():
     safetensors_np.save_file({k: tensors[k] for k in keys}, str(split / fname))
@@ -304,16 +339,22 @@ def _edit_config(d, **kw):
 
 def test_unsupported_architecture(ckpt):
   _edit_config(ckpt, architectures=["GPT2LMHeadModel"], model_type="gpt2")
-  with pytest.raises(ValueError, match=r"unsupported architecture GPT2LMHeadModel.*"
-                     r"Qwen2ForCausalLM, Qwen3ForCausalLM, LlamaForCausalLM"):
+  with pytest.raises(
+      ValueError,
+      match=r"unsupported architecture GPT2LMHeadModel.*"
+      r"Qwen2ForCausalLM, Qwen3ForCausalLM, LlamaForCausalLM",
+  ):
     hf.load(ckpt)
 
 
-@pytest.mark.parametrize("field,value,needle", [
-    ("rope_scaling", {"rope_type": "yarn", "factor": 4.0}, "rope_scaling type 'yarn'"),
-    ("use_sliding_window", True, "sliding-window"),
-    ("hidden_act", "gelu", "hidden_act='gelu'"),
-])
+@pytest.mark.parametrize(
+    "field,value,needle",
+    [
+        ("rope_scaling", {"rope_type": "yarn", "factor": 4.0}, "rope_scaling type 'yarn'"),
+        ("use_sliding_window", True, "sliding-window"),
+        ("hidden_act", "gelu", "hidden_act='gelu'"),
+    ],
+)
 def test_unsupported_features(ckpt, field, value, needle):
   _edit_config(ckpt, **{field: value})
   with pytest.raises(ValueError, match=needle):
@@ -322,14 +363,19 @@ def test_unsupported_features(ckpt, field, value, needle):
 
 def test_shape_mismatch_names_tensor_and_shapes(ckpt):
   _edit_config(ckpt, intermediate_size=40)
-  with pytest.raises(ValueError, match=re_escape(
-      "checkpoint tensor model.layers.0.mlp.down_proj.weight has shape (32, 48), "
-      "config expects (32, 40)")):
+  with pytest.raises(
+      ValueError,
+      match=re_escape(
+          "checkpoint tensor model.layers.0.mlp.down_proj.weight has shape (32, 48), "
+          "config expects (32, 40)"
+      ),
+  ):
     hf.load(ckpt)
 
 
 def re_escape(s):
   import re  # pylint: disable=import-outside-toplevel
+
   return re.escape(s)
 
 
@@ -368,6 +414,7 @@ def test_half_written_export_leaves_nothing(tmp_path, monkeypatch, existing):
     if calls["n"] == 3:
       raise OSError("disk full")
     return real(x)
+
   monkeypatch.setattr(hf, "_host", failing)
   with pytest.raises(OSError, match="disk full"):
     hf.export(gd, params, c, str(out))
@@ -395,8 +442,11 @@ def test_export_replaces_existing_checkpoint(ckpt):
 def test_export_checks_shapes_against_config():
   c = _tiny()
   gd, params = model_lib.build(c, seed=0)
-  with pytest.raises(ValueError, match=r"parameter blocks/0/mlp/w_down .*has shape "
-                     r"\(48, 32\), model_config expects \(64, 32\)"):
+  with pytest.raises(
+      ValueError,
+      match=r"parameter blocks/0/mlp/w_down .*has shape "
+      r"\(48, 32\), model_config expects \(64, 32\)",
+  ):
     hf.export(gd, params, _tiny(d_ff=64), "/nonexistent/never")
 
 
@@ -427,21 +477,42 @@ def test_sharded_load_on_mesh(tmp_path):
       print("OK", n_split)
   """)
   env = host_devices(8)
-  r = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
-                     text=True, timeout=300, check=False)
+  r = subprocess.run(
+      [sys.executable, "-c", script],
+      env=env,
+      capture_output=True,
+      text=True,
+      timeout=300,
+      check=False,
+  )
   assert r.returncode == 0 and "OK" in r.stdout, r.stdout + r.stderr
 
 
 # Qwen2.5-0.5B's config.json (public values), for the pod config's model shape
 QWEN25_05B = {
-    "architectures": ["Qwen2ForCausalLM"], "attention_dropout": 0.0,
-    "bos_token_id": 151643, "eos_token_id": 151643, "hidden_act": "silu",
-    "hidden_size": 896, "initializer_range": 0.02, "intermediate_size": 4864,
-    "max_position_embeddings": 32768, "max_window_layers": 24, "model_type": "qwen2",
-    "num_attention_heads": 14, "num_hidden_layers": 24, "num_key_value_heads": 2,
-    "rms_norm_eps": 1e-06, "rope_theta": 1000000.0, "sliding_window": 32768,
-    "tie_word_embeddings": True, "torch_dtype": "bfloat16", "use_cache": True,
-    "use_sliding_window": False, "vocab_size": 151936}
+    "architectures": ["Qwen2ForCausalLM"],
+    "attention_dropout": 0.0,
+    "bos_token_id": 151643,
+    "eos_token_id": 151643,
+    "hidden_act": "silu",
+    "hidden_size": 896,
+    "initializer_range": 0.02,
+    "intermediate_size": 4864,
+    "max_position_embeddings": 32768,
+    "max_window_layers": 24,
+    "model_type": "qwen2",
+    "num_attention_heads": 14,
+    "num_hidden_layers": 24,
+    "num_key_value_heads": 2,
+    "rms_norm_eps": 1e-06,
+    "rope_theta": 1000000.0,
+    "sliding_window": 32768,
+    "tie_word_embeddings": True,
+    "torch_dtype": "bfloat16",
+    "use_cache": True,
+    "use_sliding_window": False,
+    "vocab_size": 151936,
+}
 
 
 @pytest.mark.parametrize("arg", [None, "smoke"])
@@ -449,6 +520,7 @@ def test_gsm8k_qwen_config_builds_and_validates(arg):
   from cbs_jax import config as config_lib  # pylint: disable=import-outside-toplevel
   from cbs_jax import tasks  # pylint: disable=import-outside-toplevel
   from configs import gsm8k_qwen  # pylint: disable=import-outside-toplevel
+
   c = gsm8k_qwen.get_config(arg)
   config_lib.validate(c)
   if arg is None:
@@ -465,20 +537,43 @@ def test_gsm8k_qwen_config_builds_and_validates(arg):
     assert model_lib.param_count(params) > 0
 
 
-@pytest.mark.parametrize("extra,theta,scaling", [
-    ({"rope_theta": 5e5, "rope_scaling": None}, 5e5, ""),
-    ({"rope_theta": 5e5, "rope_scaling": {"type": "linear", "factor": 4.0}}, 5e5,
-     "rope_type=linear,factor=4.0"),
-    ({"rope_theta": 5e5, "rope_scaling": {  # Llama 3.1's config.json
-        "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-        "original_max_position_embeddings": 8192, "rope_type": "llama3"}}, 5e5,
-     "rope_type=llama3,factor=8.0,low_freq_factor=1.0,high_freq_factor=4.0,"
-     "original_max_position_embeddings=8192.0"),
-    ({"rope_parameters": {"rope_type": "default", "rope_theta": 1e6}}, 1e6, ""),  # transformers 5
-    ({"rope_parameters": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e4}}, 1e4,
-     "rope_type=linear,factor=2.0"),
-    ({}, 1e4, ""),
-])
+@pytest.mark.parametrize(
+    "extra,theta,scaling",
+    [
+        ({"rope_theta": 5e5, "rope_scaling": None}, 5e5, ""),
+        (
+            {"rope_theta": 5e5, "rope_scaling": {"type": "linear", "factor": 4.0}},
+            5e5,
+            "rope_type=linear,factor=4.0",
+        ),
+        (
+            {
+                "rope_theta": 5e5,
+                "rope_scaling": {  # Llama 3.1's config.json
+                    "factor": 8.0,
+                    "low_freq_factor": 1.0,
+                    "high_freq_factor": 4.0,
+                    "original_max_position_embeddings": 8192,
+                    "rope_type": "llama3",
+                },
+            },
+            5e5,
+            "rope_type=llama3,factor=8.0,low_freq_factor=1.0,high_freq_factor=4.0,"
+            "original_max_position_embeddings=8192.0",
+        ),
+        (
+            {"rope_parameters": {"rope_type": "default", "rope_theta": 1e6}},
+            1e6,
+            "",
+        ),  # transformers 5
+        (
+            {"rope_parameters": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e4}},
+            1e4,
+            "rope_type=linear,factor=2.0",
+        ),
+        ({}, 1e4, ""),
+    ],
+)
 def test_rope_config_formats(extra, theta, scaling):
   cfg = dict(QWEN25_05B, architectures=["LlamaForCausalLM"], model_type="llama")
   cfg.pop("rope_theta")
@@ -488,12 +583,15 @@ def test_rope_config_formats(extra, theta, scaling):
   assert model_lib.format_rope_scaling(model_lib.parse_rope_scaling(scaling)) == scaling
 
 
-@pytest.mark.parametrize("text,needle", [
-    ("rope_type=yarn,factor=2", "rope_type='yarn'"),
-    ("rope_type=linear", "takes exactly the keys"),
-    ("rope_type=linear,factor=0", "must be a finite number > 0"),
-    ("rope_type=linear,factor", "not 'key=value'"),
-])
+@pytest.mark.parametrize(
+    "text,needle",
+    [
+        ("rope_type=yarn,factor=2", "rope_type='yarn'"),
+        ("rope_type=linear", "takes exactly the keys"),
+        ("rope_type=linear,factor=0", "must be a finite number > 0"),
+        ("rope_type=linear,factor", "not 'key=value'"),
+    ],
+)
 def test_bad_rope_scaling_config(text, needle):
   c = _tiny(rope_scaling=text)
   with pytest.raises(ValueError, match=needle):
@@ -504,6 +602,7 @@ def test_bad_rope_scaling_config(text, needle):
 # The GSM8K config from a checkpoint, end to end (tiny random Qwen2)
 # ---------------------------------------------------------------------------
 
+
 def _bpe_tokenizer_files(dirname, texts, vocab_size):
   """A byte-level BPE tokenizer.json trained on ``texts`` (so any text
   encodes), Qwen-style special tokens: no BOS, pad = eos = <|endoftext|>."""
@@ -512,13 +611,14 @@ def _bpe_tokenizer_files(dirname, texts, vocab_size):
   tok.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False)
   tok.decoder = tokenizers.decoders.ByteLevel()
   trainer = tokenizers.trainers.BpeTrainer(
-      vocab_size=vocab_size, special_tokens=["<|endoftext|>"],
-      initial_alphabet=tokenizers.pre_tokenizers.ByteLevel.alphabet())
+      vocab_size=vocab_size,
+      special_tokens=["<|endoftext|>"],
+      initial_alphabet=tokenizers.pre_tokenizers.ByteLevel.alphabet(),
+  )
   tok.train_from_iterator(texts, trainer)
   tok.save(os.path.join(dirname, "tokenizer.json"))
   with open(os.path.join(dirname, "tokenizer_config.json"), "w") as f:
-    json.dump({"eos_token": "<|endoftext|>", "pad_token": "<|endoftext|>",
-               "bos_token": None}, f)
+    json.dump({"eos_token": "<|endoftext|>", "pad_token": "<|endoftext|>", "bos_token": None}, f)
 
 
 @pytest.fixture(scope="module")
@@ -528,10 +628,12 @@ def tiny_qwen(tmp_path_factory):
   the same) with a 400-id byte-level BPE tokenizer of the example lines."""
   from cbs_jax.tasks import gsm8k  # pylint: disable=import-outside-toplevel
   from configs import gsm8k_qwen  # pylint: disable=import-outside-toplevel
+
   c = gsm8k_qwen.get_config("smoke")
   gd, params = model_lib.build(c.model, seed=7)
   params = jax.tree.map(  # non-zero biases, so that they matter
-      lambda x: x + 0.1 * jax.random.normal(jax.random.key(1), x.shape), params)
+      lambda x: x + 0.1 * jax.random.normal(jax.random.key(1), x.shape), params
+  )
   d = str(tmp_path_factory.mktemp("tiny_qwen"))
   hf.export(gd, params, c.model, d, dtype="bfloat16")
   task = gsm8k.GSM8KTask()
@@ -541,6 +643,7 @@ def tiny_qwen(tmp_path_factory):
 
 def test_gsm8k_tokenizer_roundtrips_solutions(tiny_qwen):
   from cbs_jax.tasks import gsm8k  # pylint: disable=import-outside-toplevel
+
   tok = hf.load_tokenizer(tiny_qwen, 512)
   assert tok.vocab_size == 400 and tok.eos_id == tok.pad_id == tok.bos_id
   task = gsm8k.GSM8KTask()
@@ -559,6 +662,7 @@ def test_gsm8k_qwen_smoke_run_from_checkpoint(tiny_qwen, tmp_path):
   from cbs_jax import metrics as metrics_lib  # pylint: disable=import-outside-toplevel
   from cbs_jax import train  # pylint: disable=import-outside-toplevel
   from configs import gsm8k_qwen  # pylint: disable=import-outside-toplevel
+
   c = gsm8k_qwen.get_config("smoke")
   c.hf_checkpoint = tiny_qwen
   setup = run_setup.prepare(c)
@@ -578,14 +682,18 @@ def test_gsm8k_qwen_smoke_run_from_checkpoint(tiny_qwen, tmp_path):
   ck.close()
 
 
-@pytest.mark.parametrize("field,value,needle", [
-    ("d_model", 32, "config.model.d_model=32 vs checkpoint 64 (hidden_size)"),
-    ("qkv_bias", False, "config.model.qkv_bias=False vs checkpoint True (architectures)"),
-    ("vocab_size", 1000, "config.model.vocab_size=1000 vs checkpoint 512 (vocab_size)"),
-])
+@pytest.mark.parametrize(
+    "field,value,needle",
+    [
+        ("d_model", 32, "config.model.d_model=32 vs checkpoint 64 (hidden_size)"),
+        ("qkv_bias", False, "config.model.qkv_bias=False vs checkpoint True (architectures)"),
+        ("vocab_size", 1000, "config.model.vocab_size=1000 vs checkpoint 512 (vocab_size)"),
+    ],
+)
 def test_run_config_disagreeing_with_checkpoint(tiny_qwen, field, value, needle):
   from cbs_jax import train  # pylint: disable=import-outside-toplevel
   from configs import gsm8k_qwen  # pylint: disable=import-outside-toplevel
+
   c = gsm8k_qwen.get_config("smoke")
   c.hf_checkpoint = tiny_qwen
   c.model[field] = value

@@ -1,5 +1,6 @@
 """cbs_jax.main records its run: config.json (what plan and measure read) and
 provenance.json (first start, then every restart), by process 0 only."""
+
 import json
 import os
 import types
@@ -37,8 +38,7 @@ def test_first_start_writes_the_config_and_its_provenance(tmp_path):
     assert f.read() == _sweep_format(config)
   assert plan.load_run_config(wd).to_dict() == config.to_dict()
   prov = _load(os.path.join(wd, "provenance.json"))
-  for key in ("git_commit", "git_dirty", "versions", "python", "platform", "backend",
-              "devices"):
+  for key in ("git_commit", "git_dirty", "versions", "python", "platform", "backend", "devices"):
     assert key in prov, key
   assert set(prov) == {"started_utc", "command", "restarts", *report.provenance()}
   assert prov["command"] == "python -m cbs_jax.main --x" and prov["restarts"] == []
@@ -57,11 +57,14 @@ def test_a_restart_keeps_the_first_record_and_appends_what_changed(tmp_path):
   main_lib.record_start(config, wd, command="third")
   prov = _load(os.path.join(wd, "provenance.json"))
   assert {k: v for k, v in prov.items() if k != "restarts"} == {
-      k: v for k, v in first.items() if k != "restarts"}
+      k: v for k, v in first.items() if k != "restarts"
+  }
   assert [r["command"] for r in prov["restarts"]] == ["second", "third"]
   assert prov["restarts"][0]["config_changes"] == {}
-  assert prov["restarts"][1]["config_changes"] == {"rl.clip_eps_high": [0.2, 10.0],
-                                                   "train.num_rounds": [4, 9]}
+  assert prov["restarts"][1]["config_changes"] == {
+      "rl.clip_eps_high": [0.2, 10.0],
+      "train.num_rounds": [4, 9],
+  }
   for r in prov["restarts"]:
     assert {"started_utc", "git_commit", "git_dirty", "versions"} <= set(r)
   assert plan.load_run_config(wd).train.num_rounds == 9  # the config it continues under
@@ -91,8 +94,11 @@ def test_only_process_0_records_and_an_invalid_config_records_nothing(tmp_path, 
 
 def test_hf_checkpoint_is_a_field_of_every_config(monkeypatch):
   monkeypatch.chdir(ROOT)
-  got = entry_points.absl_parse(monkeypatch, "cbs_jax.main", [
-      "--config=configs/default.py", "--workdir=w", "--config.hf_checkpoint=/ckpt/qwen"])
+  got = entry_points.absl_parse(
+      monkeypatch,
+      "cbs_jax.main",
+      ["--config=configs/default.py", "--workdir=w", "--config.hf_checkpoint=/ckpt/qwen"],
+  )
   assert got["config"].hf_checkpoint == "/ckpt/qwen"
   assert default.get_config().hf_checkpoint == ""  # off unless given
   assert gsm8k_qwen.get_config().hf_checkpoint == gsm8k_qwen.CHECKPOINT_DIR
@@ -112,9 +118,22 @@ def test_run_records_trains_resumes_and_plan_reads_the_workdir(tmp_path):
   prov = _load(os.path.join(wd, "provenance.json"))
   assert prov["command"] == "start"
   assert [(r["command"], r["config_changes"]) for r in prov["restarts"]] == [
-      ("resume", {"train.num_rounds": [2, 3]})]
-  flag_values = dict(run_dir=wd, config=None, b_crit=4096.0, s_min=None, e_min=None,
-                     accelerator="h100_sxm", chips=8, parallel="data", min_n=16,
-                     max_n=65536, prompt_len=0, completion_len=0, mfu=1.0)
+      ("resume", {"train.num_rounds": [2, 3]})
+  ]
+  flag_values = dict(
+      run_dir=wd,
+      config=None,
+      b_crit=4096.0,
+      s_min=None,
+      e_min=None,
+      accelerator="h100_sxm",
+      chips=8,
+      parallel="data",
+      min_n=16,
+      max_n=65536,
+      prompt_len=0,
+      completion_len=0,
+      mfu=1.0,
+  )
   res = plan.plan_from_flags(types.SimpleNamespace(**flag_values))
   assert res["best"]["n"] >= 16

@@ -5,6 +5,7 @@ many independent batch gradients must equal (trI + K trB) / N from the
 per-batch estimators -- with the measurement normaliser (a token sum over
 N * Tc, no dependence on the other rollouts' lengths).
 """
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -42,8 +43,9 @@ def test_batch_gradient_covariance_matches_estimators(policy):
   @jax.jit
   def grad_and_moments(params, b):
     counts = objective.counts_of(b)
-    g = jax.grad(lambda p: objective.batch_loss(p, graphdef, b, counts, setup.rl,
-                                                setup.sampling)[0])(params)
+    g = jax.grad(
+        lambda p: objective.batch_loss(p, graphdef, b, counts, setup.rl, setup.sampling)[0]
+    )(params)
     flat = jnp.concatenate([x.reshape(-1) for x in jax.tree.leaves(g)])
     mom = gradstats.group_moments(params, graphdef, b, P, K, setup.rl, setup.sampling, 1)
     return flat, noise.exact_estimates(gradstats.sum_leaves(mom))
@@ -61,8 +63,9 @@ def test_batch_gradient_covariance_matches_estimators(policy):
   # empirical tr Cov(batch gradient) and its bootstrap SE over batches
   emp = grads.var(axis=0, ddof=1).sum()
   rng = np.random.default_rng(0)
-  boots = [grads[i].var(axis=0, ddof=1).sum()
-           for i in (rng.integers(M, size=M) for _ in range(200))]
+  boots = [
+      grads[i].var(axis=0, ddof=1).sum() for i in (rng.integers(M, size=M) for _ in range(200))
+  ]
   se_emp = np.std(boots)
   se_pred = pred.std(ddof=1) / np.sqrt(M)
   z = (pred.mean() - emp) / np.hypot(se_emp, se_pred)

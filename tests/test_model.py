@@ -6,6 +6,7 @@ explicit loops over heads), and the model's own full teacher-forced forward
 for the KV-cache path (a different code path: cache writes, slot masks,
 incremental positions). Tiny models only (d_model 32, 2 layers, vocab 20).
 """
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -16,9 +17,8 @@ from cbs_jax import model
 
 from tiny import VOCAB
 from tiny import tiny_config
+
 KNOWN_AXES = {"vocab", "embed", "heads", "kv_heads", "head_dim", "mlp"}
-
-
 
 
 @pytest.fixture(scope="module")
@@ -37,8 +37,8 @@ def left_padded_batch(lengths, T, seed=0, pad_id=0):
   toks = np.full((len(lengths), T), pad_id, np.int32)
   mask = np.zeros((len(lengths), T), bool)
   for i, n in enumerate(lengths):
-    toks[i, T - n:] = rng.integers(1, VOCAB, n)
-    mask[i, T - n:] = True
+    toks[i, T - n :] = rng.integers(1, VOCAB, n)
+    mask[i, T - n :] = True
   return toks, mask
 
 
@@ -56,13 +56,13 @@ def positions(mask):
 
 
 def full_forward(gd, params, toks, mask):
-  return _apply_jit(gd, params, jnp.asarray(toks), jnp.asarray(positions(mask)),
-                    jnp.asarray(mask))
+  return _apply_jit(gd, params, jnp.asarray(toks), jnp.asarray(positions(mask)), jnp.asarray(mask))
 
 
 # ---------------------------------------------------------------------------
 # Independent numpy forward (float64)
 # ---------------------------------------------------------------------------
+
 
 def _np_rmsnorm(x, scale, eps=1e-6):
   return x / np.sqrt(np.mean(x * x, -1, keepdims=True) + eps) * scale
@@ -118,14 +118,16 @@ def _np_forward(cfg, pd, tokens_T):
 # Parameters
 # ---------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("overrides", [{}, {"tie_embeddings": True, "value_head": True}])
 def test_every_param_has_logical_axes(overrides):
   cfg = tiny_config(**overrides)
   _, params = model.build(cfg, 0)
   axes = model.logical_axes(params)
   leaves = jax.tree_util.tree_leaves_with_path(nnx.to_pure_dict(params))
-  axes_flat = dict(jax.tree_util.tree_leaves_with_path(
-      axes, is_leaf=lambda x: isinstance(x, tuple)))
+  axes_flat = dict(
+      jax.tree_util.tree_leaves_with_path(axes, is_leaf=lambda x: isinstance(x, tuple))
+  )
   assert len(leaves) == len(axes_flat) > 0
   for path, arr in leaves:
     names = axes_flat[path]
@@ -148,36 +150,38 @@ def test_param_dtypes_and_config_roundtrip(tiny):
 # Independent numpy reference
 # ---------------------------------------------------------------------------
 
-@pytest.mark.parametrize("heads,kv_heads,extra", [
-    (4, 2, {}),                                   # GQA
-    (4, 1, {}),                                   # MQA
-    (4, 4, {}),                                   # MHA
-    (2, 1, {"tie_embeddings": True, "value_head": True, "rope_theta": 100.0}),
-])
+
+@pytest.mark.parametrize(
+    "heads,kv_heads,extra",
+    [
+        (4, 2, {}),  # GQA
+        (4, 1, {}),  # MQA
+        (4, 4, {}),  # MHA
+        (2, 1, {"tie_embeddings": True, "value_head": True, "rope_theta": 100.0}),
+    ],
+)
 def test_matches_naive_numpy_forward(heads, kv_heads, extra):
   cfg = tiny_config(num_heads=heads, num_kv_heads=kv_heads, **extra)
   gd, params = model.build(cfg, seed=3)
   pd = nnx.to_pure_dict(params)
   if cfg.value_head:  # the init scale (1e-3) is too small to see a bug in
-    pd["value"] = jnp.asarray(
-        np.random.default_rng(0).normal(size=pd["value"].shape), jnp.float32)
+    pd["value"] = jnp.asarray(np.random.default_rng(0).normal(size=pd["value"].shape), jnp.float32)
     nnx.replace_by_pure_dict(params, pd)
   lengths = [9, 5, 1]
   T = 11
   toks, mask = left_padded_batch(lengths, T, seed=1)
   out = full_forward(gd, params, toks, mask)
   for i, n in enumerate(lengths):
-    ref_logits, ref_values = _np_forward(cfg, pd, toks[i, T - n:])
-    np.testing.assert_allclose(np.asarray(out.logits[i, T - n:]), ref_logits,
-                               atol=1e-4, rtol=0)
+    ref_logits, ref_values = _np_forward(cfg, pd, toks[i, T - n :])
+    np.testing.assert_allclose(np.asarray(out.logits[i, T - n :]), ref_logits, atol=1e-4, rtol=0)
     if cfg.value_head:
-      np.testing.assert_allclose(np.asarray(out.values[i, T - n:]), ref_values,
-                                 atol=1e-4, rtol=0)
+      np.testing.assert_allclose(np.asarray(out.values[i, T - n :]), ref_values, atol=1e-4, rtol=0)
 
 
 # ---------------------------------------------------------------------------
 # KV cache == full recompute
 # ---------------------------------------------------------------------------
+
 
 def _cached_logits(cfg, gd, params, toks, mask, chunks):
   """Feed the sequence through the cache path in the given chunk sizes."""
@@ -191,9 +195,15 @@ def _cached_logits(cfg, gd, params, toks, mask, chunks):
     # the decoder only knows slots written so far: later slots are invalid
     kv_mask = np.zeros((B, T), bool)
     kv_mask[:, :end] = mask[:, :end]
-    o = _apply_jit(gd, params, jnp.asarray(toks[:, start:end]),
-                   jnp.asarray(pos[:, start:end]), jnp.asarray(kv_mask),
-                   cache, start)
+    o = _apply_jit(
+        gd,
+        params,
+        jnp.asarray(toks[:, start:end]),
+        jnp.asarray(pos[:, start:end]),
+        jnp.asarray(kv_mask),
+        cache,
+        start,
+    )
     assert o.logits.shape == (B, size, cfg.vocab_size)
     cache = o.cache
     out.append(np.asarray(o.logits))
@@ -224,14 +234,22 @@ def test_kv_cache_larger_than_sequence(tiny):
   pos = positions(mask)
   kv = np.zeros((B, S), bool)
   kv[:, :4] = mask[:, :4]
-  o = _apply_jit(gd, params, jnp.asarray(toks[:, :4]), jnp.asarray(pos[:, :4]),
-                 jnp.asarray(kv), cache, 0)
+  o = _apply_jit(
+      gd, params, jnp.asarray(toks[:, :4]), jnp.asarray(pos[:, :4]), jnp.asarray(kv), cache, 0
+  )
   got = [np.asarray(o.logits)]
   cache = o.cache
   for t in range(4, T):
     kv[:, t] = mask[:, t]
-    o = _apply_jit(gd, params, jnp.asarray(toks[:, t:t + 1]),
-                   jnp.asarray(pos[:, t:t + 1]), jnp.asarray(kv), cache, t)
+    o = _apply_jit(
+        gd,
+        params,
+        jnp.asarray(toks[:, t : t + 1]),
+        jnp.asarray(pos[:, t : t + 1]),
+        jnp.asarray(kv),
+        cache,
+        t,
+    )
     cache = o.cache
     got.append(np.asarray(o.logits))
   got = np.concatenate(got, 1)
@@ -245,6 +263,7 @@ def test_kv_cache_larger_than_sequence(tiny):
 # Padding invariance and causality
 # ---------------------------------------------------------------------------
 
+
 def test_padding_does_not_change_results(tiny):
   _, gd, params = tiny
   prompt = np.array([5, 3, 17, 8, 2, 11], np.int32)
@@ -253,10 +272,10 @@ def test_padding_does_not_change_results(tiny):
   for T in (n, n + 1, n + 4, 15):
     for pad_id in (0, 7):
       toks = np.full((1, T), pad_id, np.int32)
-      toks[0, T - n:] = prompt
+      toks[0, T - n :] = prompt
       mask = np.zeros((1, T), bool)
-      mask[0, T - n:] = True
-      lg = np.asarray(full_forward(gd, params, toks, mask).logits[0, T - n:])
+      mask[0, T - n :] = True
+      lg = np.asarray(full_forward(gd, params, toks, mask).logits[0, T - n :])
       if ref is None:
         ref = lg
       np.testing.assert_allclose(lg, ref, atol=1e-5, rtol=0)
@@ -268,7 +287,7 @@ def test_padding_in_batch_with_other_sequences(tiny):
   toks, mask = left_padded_batch([8, 3, 5], 8, seed=5)
   batch = np.asarray(full_forward(gd, params, toks, mask).logits)
   for i in range(3):
-    alone = np.asarray(full_forward(gd, params, toks[i:i + 1], mask[i:i + 1]).logits)
+    alone = np.asarray(full_forward(gd, params, toks[i : i + 1], mask[i : i + 1]).logits)
     np.testing.assert_allclose(batch[i][mask[i]], alone[0][mask[i]], atol=1e-5, rtol=0)
 
 
@@ -281,8 +300,7 @@ def test_causality(tiny):
   changed[:, j] = (changed[:, j] % (VOCAB - 1)) + 1  # a different real token
   assert np.all(changed[:, j] != toks[:, j])
   new = np.asarray(full_forward(gd, params, changed, mask).logits)
-  np.testing.assert_allclose(new[:, :j][mask[:, :j]], base[:, :j][mask[:, :j]],
-                             atol=1e-6, rtol=0)
+  np.testing.assert_allclose(new[:, :j][mask[:, :j]], base[:, :j][mask[:, :j]], atol=1e-6, rtol=0)
   # ... and it does change the logits at and after the changed token
   assert np.all(np.abs(new[:, j:] - base[:, j:]).max(-1) > 1e-4)
 
@@ -298,13 +316,15 @@ def test_masked_key_is_ignored(tiny):
   t2 = toks.copy()
   t2[0, 3] = (t2[0, 3] % (VOCAB - 1)) + 1
   b = _apply_jit(gd, params, jnp.asarray(t2), jnp.asarray(pos), jnp.asarray(m2))
-  np.testing.assert_allclose(np.asarray(a.logits[0, 4:]), np.asarray(b.logits[0, 4:]),
-                             atol=1e-6, rtol=0)
+  np.testing.assert_allclose(
+      np.asarray(a.logits[0, 4:]), np.asarray(b.logits[0, 4:]), atol=1e-6, rtol=0
+  )
 
 
 # ---------------------------------------------------------------------------
 # dtypes, heads, config validation
 # ---------------------------------------------------------------------------
+
 
 def test_bfloat16_compute(tiny):
   cfg, _, params32 = tiny
@@ -349,22 +369,25 @@ def test_value_head_and_tied_embeddings():
   assert np.all(np.isfinite(np.asarray(out_t.logits)))
 
 
-@pytest.mark.parametrize("field,value,needle", [
-    ("num_heads", 5, "num_heads"),        # 5 does not divide 32
-    ("num_kv_heads", 3, "num_kv_heads"),  # 3 does not divide 4
-    ("num_kv_heads", 8, "num_kv_heads"),  # more kv heads than heads
-    ("d_model", 12, "num_heads"),         # head dim 3: odd, RoPE needs even
-    ("dtype", "float16", "dtype"),
-    ("dtype", "bf16", "dtype"),
-    ("vocab_size", 0, "vocab_size"),
-    ("d_model", -32, "d_model"),
-    ("num_layers", 0, "num_layers"),
-    ("num_heads", 0, "num_heads"),
-    ("num_kv_heads", 0, "num_kv_heads"),
-    ("d_ff", 0, "d_ff"),
-    ("max_len", -1, "max_len"),
-    ("rope_theta", 0.0, "rope_theta"),
-])
+@pytest.mark.parametrize(
+    "field,value,needle",
+    [
+        ("num_heads", 5, "num_heads"),  # 5 does not divide 32
+        ("num_kv_heads", 3, "num_kv_heads"),  # 3 does not divide 4
+        ("num_kv_heads", 8, "num_kv_heads"),  # more kv heads than heads
+        ("d_model", 12, "num_heads"),  # head dim 3: odd, RoPE needs even
+        ("dtype", "float16", "dtype"),
+        ("dtype", "bf16", "dtype"),
+        ("vocab_size", 0, "vocab_size"),
+        ("d_model", -32, "d_model"),
+        ("num_layers", 0, "num_layers"),
+        ("num_heads", 0, "num_heads"),
+        ("num_kv_heads", 0, "num_kv_heads"),
+        ("d_ff", 0, "d_ff"),
+        ("max_len", -1, "max_len"),
+        ("rope_theta", 0.0, "rope_theta"),
+    ],
+)
 def test_bad_config_raises_naming_field(field, value, needle):
   cfg = tiny_config()
   cfg[field] = value
@@ -398,16 +421,18 @@ def test_dense_gradient_matches_autodiff_and_finite_differences(lead, din, dout)
   x64, w64, c64 = (np.asarray(a, np.float64) for a in (x, w, c))
   f64 = lambda w_: np.sum(np.sin(x64 @ w_) * c64)
   eps = 1e-6
-  for (i, j) in [(0, 0), (din - 1, dout - 1), (din // 2, dout // 2)]:
+  for i, j in [(0, 0), (din - 1, dout - 1), (din // 2, dout // 2)]:
     e = np.zeros_like(w64)
     e[i, j] = eps
     fd = (f64(w64 + e) - f64(w64 - e)) / (2 * eps)
     assert float(gw[i, j]) == pytest.approx(fd, rel=1e-4, abs=1e-4)
   # vmapped per-example gradients (gradstats' path) go through the same rule
-  per = jax.vmap(jax.grad(lambda w_, xi, ci: jnp.sum(jnp.sin(model.dense(xi, w_)) * ci)),
-                 in_axes=(None, 0, 0))(w, x, c)
+  per = jax.vmap(
+      jax.grad(lambda w_, xi, ci: jnp.sum(jnp.sin(model.dense(xi, w_)) * ci)), in_axes=(None, 0, 0)
+  )(w, x, c)
   np.testing.assert_allclose(per.sum(0), pw, rtol=1e-5, atol=1e-5)
   # bfloat16 compute: the gradient keeps the operand dtypes
-  gxb, gwb = jax.grad(lambda x, w: jnp.sum(model.dense(x, w).astype(jnp.float32)),
-                      argnums=(0, 1))(x.astype(jnp.bfloat16), w.astype(jnp.bfloat16))
+  gxb, gwb = jax.grad(lambda x, w: jnp.sum(model.dense(x, w).astype(jnp.float32)), argnums=(0, 1))(
+      x.astype(jnp.bfloat16), w.astype(jnp.bfloat16)
+  )
   assert gxb.dtype == gwb.dtype == jnp.bfloat16

@@ -7,6 +7,7 @@ from the last checkpoint and finishes the run as if nothing had happened.
 One test, ~3-4 minutes on the 2-core machine (four JAX processes compile
 the same programs); it is the only check of the multi-process path.
 """
+
 import json
 import os
 import signal
@@ -22,10 +23,16 @@ from envs import host_devices
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ROUNDS = 4
-FLAGS = ["--config=configs/default.py:smoke", "--config.task.kwargs.max_digits=1",
-         "--config.sft.steps=30", "--config.sft.lr=0.01", f"--config.train.num_rounds={ROUNDS}",
-         "--config.train.checkpoint_every=2", "--config.train.eval_every=2",
-         "--config.train.eval_prompts=16"]
+FLAGS = [
+    "--config=configs/default.py:smoke",
+    "--config.task.kwargs.max_digits=1",
+    "--config.sft.steps=30",
+    "--config.sft.lr=0.01",
+    f"--config.train.num_rounds={ROUNDS}",
+    "--config.train.checkpoint_every=2",
+    "--config.train.eval_every=2",
+    "--config.train.eval_prompts=16",
+]
 
 
 def _free_port():
@@ -38,15 +45,29 @@ def _launch(workdir, base_dir, log_dir, tag):
   port = _free_port()
   procs = []
   for i in range(2):
-    cmd = [sys.executable, "-m", "cbs_jax.main", f"--workdir={workdir}", *FLAGS,
-           f"--config.sft.base_dir={base_dir}", "--config.distributed.enabled=True",
-           f"--config.distributed.coordinator_address=127.0.0.1:{port}",
-           "--config.distributed.num_processes=2", f"--config.distributed.process_id={i}",
-           "--config.distributed.heartbeat_timeout=10",
-           "--config.distributed.initialization_timeout=120"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "cbs_jax.main",
+        f"--workdir={workdir}",
+        *FLAGS,
+        f"--config.sft.base_dir={base_dir}",
+        "--config.distributed.enabled=True",
+        f"--config.distributed.coordinator_address=127.0.0.1:{port}",
+        "--config.distributed.num_processes=2",
+        f"--config.distributed.process_id={i}",
+        "--config.distributed.heartbeat_timeout=10",
+        "--config.distributed.initialization_timeout=120",
+    ]
     log = open(os.path.join(log_dir, f"{tag}{i}.log"), "w")
-    procs.append((subprocess.Popen(cmd, cwd=ROOT, env=host_devices(4), stdout=log,
-                                   stderr=subprocess.STDOUT), log))
+    procs.append(
+        (
+            subprocess.Popen(
+                cmd, cwd=ROOT, env=host_devices(4), stdout=log, stderr=subprocess.STDOUT
+            ),
+            log,
+        )
+    )
   return procs
 
 
@@ -72,8 +93,14 @@ def test_two_processes_match_one_process_and_survive_preemption(tmp_path):
   # the reference: one process with 8 devices (it also builds the SFT base
   # that the multi-process runs start from)
   ref_dir = tmp_path / "one"
-  r = subprocess.run([sys.executable, "-m", "cbs_jax.main", f"--workdir={ref_dir}", *FLAGS],
-                     cwd=ROOT, env=host_devices(8), capture_output=True, text=True, timeout=600)
+  r = subprocess.run(
+      [sys.executable, "-m", "cbs_jax.main", f"--workdir={ref_dir}", *FLAGS],
+      cwd=ROOT,
+      env=host_devices(8),
+      capture_output=True,
+      text=True,
+      timeout=600,
+  )
   assert r.returncode == 0, r.stderr[-3000:]
   ref = metrics_lib.read_jsonl(str(ref_dir / "metrics.jsonl"))
   base = str(ref_dir / "sft_base")
@@ -85,8 +112,7 @@ def test_two_processes_match_one_process_and_survive_preemption(tmp_path):
   ckpts = work / "checkpoints"
   deadline = time.time() + 420
   while not (ckpts / "2").is_dir():
-    assert time.time() < deadline and all(p.poll() is None for p, _ in procs), \
-        _tail(logs, "first")
+    assert time.time() < deadline and all(p.poll() is None for p, _ in procs), _tail(logs, "first")
     time.sleep(0.1)
   procs[1][0].send_signal(signal.SIGKILL)
   killed_at = time.time()
@@ -124,8 +150,7 @@ def test_two_processes_match_one_process_and_survive_preemption(tmp_path):
       assert a["completion_len"] == b["completion_len"]
       assert a["entropy"] == pytest.approx(b["entropy"], rel=1e-3)
       assert a["loss"] == pytest.approx(b["loss"], abs=1e-5)
-      assert a["noise_split/trace_intra"] == pytest.approx(b["noise_split/trace_intra"],
-                                                           rel=5e-3)
+      assert a["noise_split/trace_intra"] == pytest.approx(b["noise_split/trace_intra"], rel=5e-3)
       assert a["noise_split/g2"] == pytest.approx(b["noise_split/g2"], abs=1e-3)
   with open(work / "summary.json") as f:
     summary = json.load(f)
@@ -133,16 +158,23 @@ def test_two_processes_match_one_process_and_survive_preemption(tmp_path):
   assert not [f for f in os.listdir(work) if ".tmp" in f]  # <file>.tmp.<pid> (paths)
 
 
-@pytest.mark.parametrize("field,value,needle", [
-    ("coordinator_address", "localhost", "coordinator_address='localhost' must be 'host:port'"),
-    ("process_id", 2, "process_id=2 must be -1 (auto) or in [0, "
-                      "config.distributed.num_processes=2)"),
-    ("heartbeat_timeout", 0, "config.distributed.heartbeat_timeout must be > 0"),
-    ("local_device_ids", "0,a", "local_device_ids='0,a' must be"),
-])
+@pytest.mark.parametrize(
+    "field,value,needle",
+    [
+        ("coordinator_address", "localhost", "coordinator_address='localhost' must be 'host:port'"),
+        (
+            "process_id",
+            2,
+            "process_id=2 must be -1 (auto) or in [0, " "config.distributed.num_processes=2)",
+        ),
+        ("heartbeat_timeout", 0, "config.distributed.heartbeat_timeout must be > 0"),
+        ("local_device_ids", "0,a", "local_device_ids='0,a' must be"),
+    ],
+)
 def test_bad_distributed_config_names_the_field(field, value, needle):
   import re  # pylint: disable=import-outside-toplevel
   from cbs_jax import config as config_lib  # pylint: disable=import-outside-toplevel
+
   c = config_lib.base_config()
   c.distributed.enabled, c.distributed.num_processes = True, 2
   c.distributed[field] = value

@@ -1,5 +1,6 @@
 """Tests for cbs_jax.noise (the estimators) against closed forms and naive
 loops; the synthetic model with known truth is ``tests/noise_model.py``."""
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -7,7 +8,6 @@ import pytest
 
 from cbs_jax import noise
 from tests.noise_model import assert_unbiased, exact_batch, sample, split_batch, truth
-
 
 # ----------------------------------------------------------------------------
 # Unbiasedness.
@@ -48,8 +48,7 @@ def test_unbiased_exchangeable_dependent_rollouts():
   for (P, K), lam in [((8, 4), 1.0), ((6, 8), 0.5)]:
     g = sample(np.random.default_rng(7 + K), R, P, K, lam=lam)
     tru = truth(K, lam)
-    for path, est in [("exact", exact_batch(g)),
-                      ("split", split_batch(g, 2, 2))]:
+    for path, est in [("exact", exact_batch(g)), ("split", split_batch(g, 2, 2))]:
       for k in noise.ESTIMATE_KEYS:
         assert_unbiased(est[k], tru[k], f"{path} {k} lam={lam}")
   assert truth(4, 1.0)["trace_inter"] < 0
@@ -61,7 +60,7 @@ def test_tests_have_power():
   g = sample(np.random.default_rng(99), R, P, K).astype(np.float64)
   tru = truth(K)
   gbar = g.mean(axis=(1, 2))
-  naive_g2 = np.sum(gbar ** 2, -1)                       # E = G2 + tr Cov
+  naive_g2 = np.sum(gbar**2, -1)  # E = G2 + tr Cov
   gbar_p = g.mean(axis=2)
   S2 = np.sum((gbar_p - gbar[:, None]) ** 2, (1, 2)) / (P - 1)
   for x, t in [(naive_g2, tru["g2"]), (S2, tru["trace_inter"])]:
@@ -76,14 +75,14 @@ def naive_exact(g):
   """docs/noise.md's first forms, explicit subtraction, float64 loops."""
   P, K, _ = g.shape
   gbar_p = [sum(g[p, k] for k in range(K)) / K for p in range(P)]
-  s2 = [sum(float(np.dot(g[p, k] - gbar_p[p], g[p, k] - gbar_p[p]))
-            for k in range(K)) / (K - 1) for p in range(P)]
+  s2 = [
+      sum(float(np.dot(g[p, k] - gbar_p[p], g[p, k] - gbar_p[p])) for k in range(K)) / (K - 1)
+      for p in range(P)
+  ]
   trI = sum(s2) / P
   gbar = sum(gbar_p) / P
-  S2 = sum(float(np.dot(gbar_p[p] - gbar, gbar_p[p] - gbar))
-           for p in range(P)) / (P - 1)
-  return dict(trace_intra=trI, trace_inter=S2 - trI / K,
-              g2=float(np.dot(gbar, gbar)) - S2 / P)
+  S2 = sum(float(np.dot(gbar_p[p] - gbar, gbar_p[p] - gbar)) for p in range(P)) / (P - 1)
+  return dict(trace_intra=trI, trace_inter=S2 - trI / K, g2=float(np.dot(gbar, gbar)) - S2 / P)
 
 
 @pytest.mark.parametrize("P,K", [(3, 4), (5, 2), (2, 7)])
@@ -92,8 +91,7 @@ def test_exact_matches_naive_loop(P, K):
   want = naive_exact(g)
   got = noise.exact_estimates(noise.moments_from_grads(jnp.asarray(g)))
   # Pytree form with the D axis split across leaves of different shapes.
-  tree = {"a": jnp.asarray(g[..., :2].reshape(P, K, 2, 1)),
-          "b": [jnp.asarray(g[..., 2:])]}
+  tree = {"a": jnp.asarray(g[..., :2].reshape(P, K, 2, 1)), "b": [jnp.asarray(g[..., 2:])]}
   got_tree = noise.exact_estimates(noise.moments_from_grads(tree))
   jitted = jax.jit(lambda x: noise.exact_estimates(noise.moments_from_grads(x)))
   got_jit = jitted(jnp.asarray(g))
@@ -106,17 +104,24 @@ def naive_split(q, P, K):
   """Pairwise definitions, loops; for m=n=2 these are docs/noise.md's split formulas."""
   m, n = q.shape[:2]
   N = P * K
-  d_intra = np.mean([np.mean([np.sum((q[a, b] - q[a, c]) ** 2)
-                              for b in range(n) for c in range(b + 1, n)])
-                     for a in range(m)])
+  d_intra = np.mean(
+      [
+          np.mean([np.sum((q[a, b] - q[a, c]) ** 2) for b in range(n) for c in range(b + 1, n)])
+          for a in range(m)
+      ]
+  )
   r = [q[a].mean(axis=0) for a in range(m)]
-  d_inter = np.mean([np.sum((r[a] - r[c]) ** 2)
-                     for a in range(m) for c in range(a + 1, m)])
+  d_inter = np.mean([np.sum((r[a] - r[c]) ** 2) for a in range(m) for c in range(a + 1, m)])
   cross = np.mean([r[a] @ r[c] for a in range(m) for c in range(m) if a != c])
   trI = N / (2 * m * n) * d_intra
-  return dict(d_intra=d_intra, d_inter=d_inter, cross=cross,
-              trace_intra=trI, trace_inter=P / (2 * m) * d_inter - trI / K,
-              g2=cross)
+  return dict(
+      d_intra=d_intra,
+      d_inter=d_inter,
+      cross=cross,
+      trace_intra=trI,
+      trace_inter=P / (2 * m) * d_inter - trI / K,
+      g2=cross,
+  )
 
 
 def test_split_matches_design_formulas_2x2():
@@ -124,9 +129,7 @@ def test_split_matches_design_formulas_2x2():
   P, K = 6, 4
   r1, r2 = q[0].mean(0), q[1].mean(0)
   trI = P * K / 8 * np.mean([np.sum((q[a, 0] - q[a, 1]) ** 2) for a in (0, 1)])
-  want = dict(trace_intra=trI,
-              trace_inter=P / 4 * np.sum((r1 - r2) ** 2) - trI / K,
-              g2=r1 @ r2)
+  want = dict(trace_intra=trI, trace_inter=P / 4 * np.sum((r1 - r2) ** 2) - trI / K, g2=r1 @ r2)
   got = noise.split_estimates(noise.split_moments_from_quarters(q, P, K))
   for k in want:
     np.testing.assert_allclose(float(got[k]), want[k], rtol=1e-5)
@@ -137,8 +140,7 @@ def test_split_matches_naive_pairwise(m, n):
   q = np.random.default_rng(m * 10 + n).normal(size=(m, n, 9)) + 0.5
   P, K = 12, 12
   want = naive_split(q, P, K)
-  sm = jax.jit(noise.split_moments_from_quarters, static_argnums=(1, 2))(
-      jnp.asarray(q), P, K)
+  sm = jax.jit(noise.split_moments_from_quarters, static_argnums=(1, 2))(jnp.asarray(q), P, K)
   assert (sm.prompt_parts, sm.rollout_parts) == (m, n)
   got = noise.split_estimates(sm)
   for k in ("d_intra", "d_inter", "cross"):
@@ -150,17 +152,19 @@ def test_split_matches_naive_pairwise(m, n):
 def test_split_pytree_equals_flat():
   rng = np.random.default_rng(5)
   flat = rng.normal(size=(2, 2, 3 * 4 + 5 + 1)).astype(np.float32)
-  tree = {"w": flat[..., :12].reshape(2, 2, 3, 4),
-          "b": (flat[..., 12:17], flat[..., 17:].reshape(2, 2))}
+  tree = {
+      "w": flat[..., :12].reshape(2, 2, 3, 4),
+      "b": (flat[..., 12:17], flat[..., 17:].reshape(2, 2)),
+  }
   tree = jax.tree_util.tree_map(jnp.asarray, tree)
   a = noise.split_moments_from_quarters(jnp.asarray(flat), 8, 4)
   b = noise.split_moments_from_quarters(tree, 8, 4)
   for k in ("d_intra", "d_inter", "cross"):
-    np.testing.assert_allclose(float(getattr(a, k)), float(getattr(b, k)),
-                               rtol=1e-5)
+    np.testing.assert_allclose(float(getattr(a, k)), float(getattr(b, k)), rtol=1e-5)
   # bf16 leaves are accumulated in float32.
   c = noise.split_moments_from_quarters(
-      jax.tree_util.tree_map(lambda x: x.astype(jnp.bfloat16), tree), 8, 4)
+      jax.tree_util.tree_map(lambda x: x.astype(jnp.bfloat16), tree), 8, 4
+  )
   assert c.cross.dtype == jnp.float32
   np.testing.assert_allclose(float(c.cross), float(a.cross), rtol=3e-2)
 

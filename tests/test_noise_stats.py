@@ -1,5 +1,6 @@
 """Tests for cbs_jax.noise_stats: NoiseStats fields and flags, and pooling
 with jackknife SEs (calibrated by Monte Carlo on ``tests/noise_model.py``)."""
+
 import math
 
 import jax
@@ -44,7 +45,7 @@ def test_jackknife_coverage():
   for k in names:
     x, s = np.array(vals[k]), np.array(ses[k])
     cover = np.mean(np.abs(x - tru[k]) <= 1.96 * s)
-    se_ratio = np.sqrt(np.mean(s ** 2)) / x.std(ddof=1)
+    se_ratio = np.sqrt(np.mean(s**2)) / x.std(ddof=1)
     report[k] = (cover, se_ratio)
     assert 0.88 <= cover <= 0.99, (k, cover)
     assert 0.85 <= se_ratio <= 1.15, (k, se_ratio)
@@ -52,7 +53,7 @@ def test_jackknife_coverage():
 
 
 def test_jackknife_se_of_mean_is_std_over_sqrt_m():
-  x = np.random.default_rng(0).normal(size=(3, 10)) + np.array([[5.], [1.], [2.]])
+  x = np.random.default_rng(0).normal(size=(3, 10)) + np.array([[5.0], [1.0], [2.0]])
   d = dict(trace_intra=x[0], trace_inter=x[1], g2=x[2])
   st = noise_stats.pooled_estimates(d, 4, 4)
   for k, row in zip(noise.ESTIMATE_KEYS, x):
@@ -61,8 +62,7 @@ def test_jackknife_se_of_mean_is_std_over_sqrt_m():
   assert st.b_noise == pytest.approx((x[0].mean() + 4 * x[1].mean()) / x[2].mean())
   assert st.ratio == pytest.approx(x[0].mean() / x[1].mean())
   # Manual delete-one jackknife of b_intra.
-  th = np.array([np.delete(x[0], i).mean() / np.delete(x[2], i).mean()
-                 for i in range(10)])
+  th = np.array([np.delete(x[0], i).mean() / np.delete(x[2], i).mean() for i in range(10)])
   assert st.b_intra_se == pytest.approx(np.sqrt(0.9 * np.sum((th - th.mean()) ** 2)))
 
 
@@ -70,8 +70,7 @@ def test_pooled_accepts_moments_and_dicts():
   P, K = 4, 4
   g = sample(np.random.default_rng(8), 6, P, K)
   gm = [noise.moments_from_grads(jnp.asarray(x)) for x in g]
-  sm = [noise.split_moments_from_quarters(jnp.asarray(q), P, K)
-        for q in cell_means(g, 2, 2)]
+  sm = [noise.split_moments_from_quarters(jnp.asarray(q), P, K) for q in cell_means(g, 2, 2)]
   dicts = [noise.exact_estimates(x) for x in gm]
   a = noise_stats.pooled_estimates(gm, P, K)
   b = noise_stats.pooled_estimates(dicts, P, K)
@@ -103,8 +102,9 @@ def test_pooled_not_significant_flagged():
 # noise_stats, two-batch stats, edge cases.
 # ----------------------------------------------------------------------------
 def test_noise_stats_fields():
-  st = noise_stats.noise_stats(dict(trace_intra=8.0, trace_inter=2.0, g2=0.5), 16, 4,
-                         se={"g2": 0.1, "trace_intra_se": 1.0})
+  st = noise_stats.noise_stats(
+      dict(trace_intra=8.0, trace_inter=2.0, g2=0.5), 16, 4, se={"g2": 0.1, "trace_intra_se": 1.0}
+  )
   assert st.b_intra == 16.0 and st.b_inter == 4.0
   assert st.b_noise == st.b_simple == 16.0 + 4 * 4.0
   assert st.trace_total == 16.0 and st.ratio == 4.0
@@ -121,10 +121,13 @@ def test_zero_gradients_finite_and_flagged():
   ex = noise.exact_estimates(noise.moments_from_grads(z))
   sp = noise.split_estimates(noise.split_moments_from_quarters(jnp.zeros((2, 2, 6)), 4, 4))
   tb = noise.two_batch_estimates(0.0, 8, 0.0, 16)
-  stats = [noise_stats.noise_stats(ex, 4, 4), noise_stats.noise_stats(sp, 4, 4),
-           noise_stats.noise_stats(tb, 4, 4),
-           noise_stats.pooled_estimates([ex, ex, ex], 4, 4),
-           noise_tracker.NoiseEMA().update(ex, 4, 4)]
+  stats = [
+      noise_stats.noise_stats(ex, 4, 4),
+      noise_stats.noise_stats(sp, 4, 4),
+      noise_stats.noise_stats(tb, 4, 4),
+      noise_stats.pooled_estimates([ex, ex, ex], 4, 4),
+      noise_tracker.NoiseEMA().update(ex, 4, 4),
+  ]
   for st in stats:
     assert not st.g2_positive and st.flag == "zero gradient", st.flag
     for k in ("g2", "trace_total"):

@@ -1,5 +1,6 @@
 """Tests for cbs_jax.noise_tracker: the EMA tracker's bias correction, ratio
 of EMAs, skipped updates and checkpoints (its interval: tests/test_adaptive.py)."""
+
 import pytest
 
 from cbs_jax import noise_tracker
@@ -18,18 +19,22 @@ def test_ema_bias_corrected_constant():
 
 def test_ema_is_ratio_of_emas_and_checkpoints():
   beta = 0.8
-  xs = [dict(trace_intra=1.0, trace_inter=0.5, g2=1.0),
-        dict(trace_intra=9.0, trace_inter=0.1, g2=0.1),
-        dict(trace_intra=2.0, trace_inter=2.0, g2=4.0)]
+  xs = [
+      dict(trace_intra=1.0, trace_inter=0.5, g2=1.0),
+      dict(trace_intra=9.0, trace_inter=0.1, g2=0.1),
+      dict(trace_intra=2.0, trace_inter=2.0, g2=4.0),
+  ]
   ema = noise_tracker.NoiseEMA(decay=beta)
   for x in xs:
     st = ema.update(x, 8, 4)
+
   # Standard bias-corrected EMA by hand.
   def bc_ema(vals):
     e = 0.0
     for v in vals:
       e = beta * e + (1 - beta) * v
     return e / (1 - beta ** len(vals))
+
   num = bc_ema([x["trace_intra"] for x in xs])
   den = bc_ema([x["g2"] for x in xs])
   assert st.b_intra == pytest.approx(num / den, rel=1e-12)

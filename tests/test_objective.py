@@ -1,6 +1,7 @@
 """The RL objective on a tiny transformer: finite differences, microbatch
 invariance, and the per-rollout / split gradient statistics against a plain
 Python loop of jax.grad."""
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -34,18 +35,31 @@ def make_batch(graphdef, params, seed=0):
   clen = rng.integers(1, TC + 1, size=B)
   cmask = (np.arange(TC)[None] < clen[:, None]).astype(np.float32)
   completion = np.where(cmask > 0, rng.integers(3, V, size=(B, TC)), 0)
-  sc = scoring.score(graphdef, params, jnp.asarray(prompt), jnp.asarray(prompt_mask),
-                      jnp.asarray(completion), jnp.asarray(cmask), scoring.SamplingSpec())
+  sc = scoring.score(
+      graphdef,
+      params,
+      jnp.asarray(prompt),
+      jnp.asarray(prompt_mask),
+      jnp.asarray(completion),
+      jnp.asarray(cmask),
+      scoring.SamplingSpec(),
+  )
   # behaviour log-probs near the current ones: ratios in (0.95, 1.05), no clipping
   logp_old = (sc.logprobs + rng.uniform(-0.05, 0.05, size=(B, TC))) * cmask
   adv = np.repeat(rng.normal(size=B), TC).reshape(B, TC) * cmask
   logp_ref = (sc.logprobs + rng.uniform(-0.3, 0.3, size=(B, TC))) * cmask
-  return dict(prompt=jnp.asarray(prompt, jnp.int32), prompt_mask=jnp.asarray(prompt_mask),
-              completion=jnp.asarray(completion, jnp.int32), completion_mask=jnp.asarray(cmask),
-              logp_old=jnp.asarray(logp_old, jnp.float32), adv=jnp.asarray(adv, jnp.float32),
-              logp_ref=jnp.asarray(logp_ref, jnp.float32),
-              returns=jnp.zeros((B, TC)), old_values=jnp.zeros((B, TC)),
-              on_policy=jnp.zeros((B,), bool))
+  return dict(
+      prompt=jnp.asarray(prompt, jnp.int32),
+      prompt_mask=jnp.asarray(prompt_mask),
+      completion=jnp.asarray(completion, jnp.int32),
+      completion_mask=jnp.asarray(cmask),
+      logp_old=jnp.asarray(logp_old, jnp.float32),
+      adv=jnp.asarray(adv, jnp.float32),
+      logp_ref=jnp.asarray(logp_ref, jnp.float32),
+      returns=jnp.zeros((B, TC)),
+      old_values=jnp.zeros((B, TC)),
+      on_policy=jnp.zeros((B,), bool),
+  )
 
 
 def cfgs(mode="token_mean", kl_beta=0.1, loss="ppo"):
@@ -87,7 +101,7 @@ def test_loss_and_gradient_identical_under_microbatching(mode):
     size = P * K // n_micro
     tot_loss, tot_grad = 0.0, jax.tree.map(jnp.zeros_like, grad)
     for i in range(n_micro):
-      mb = {k: v[i * size:(i + 1) * size] for k, v in batch.items()}
+      mb = {k: v[i * size : (i + 1) * size] for k, v in batch.items()}
       (l, _), g = vg(params, graphdef, mb, counts, rl_cfg, s_cfg)
       tot_loss += l
       tot_grad = jax.tree.map(jnp.add, tot_grad, g)
@@ -117,15 +131,17 @@ def test_per_rollout_and_split_statistics_match_a_python_loop(mode):
   g = naive_per_rollout_grads(graphdef, params, batch, rl_cfg, s_cfg)
   counts = objective.counts_of(batch)
   (_, _), grad = jax.value_and_grad(objective.batch_loss, has_aux=True)(
-      params, graphdef, batch, counts, rl_cfg, s_cfg)
+      params, graphdef, batch, counts, rl_cfg, s_cfg
+  )
   flat_grad = np.concatenate([np.ravel(x) for x in jax.tree.leaves(grad)])
   # mean of g_i is exactly the batch gradient
   np.testing.assert_allclose(g.mean(axis=(0, 1)), flat_grad, atol=2e-6)
   ref = noise.moments_from_grads(jnp.asarray(g, jnp.float32))
   # chunked (1 prompt per chunk) and unchunked (all prompts) streaming paths
   for chunk in (1, 2, P):
-    m = gradstats.sum_leaves(gradstats.group_moments(
-        params, graphdef, batch, P, K, rl_cfg, s_cfg, chunk_prompts=chunk))
+    m = gradstats.sum_leaves(
+        gradstats.group_moments(params, graphdef, batch, P, K, rl_cfg, s_cfg, chunk_prompts=chunk)
+    )
     np.testing.assert_allclose(m.sum_sqnorm_P, ref.sum_sqnorm_P, rtol=1e-4)
     np.testing.assert_allclose(m.mean_sqnorm_P, ref.mean_sqnorm_P, rtol=1e-4)
     np.testing.assert_allclose(m.batch_mean_sqnorm, ref.batch_mean_sqnorm, rtol=1e-4)
@@ -133,9 +149,19 @@ def test_per_rollout_and_split_statistics_match_a_python_loop(mode):
   # four quarter means of the naive per-rollout gradients
   _, sgrad, _, smom = gradstats.split_grads(params, graphdef, batch, P, K, rl_cfg, s_cfg)
   np.testing.assert_allclose(
-      np.concatenate([np.ravel(x) for x in jax.tree.leaves(sgrad)]), flat_grad, atol=2e-6)
-  q = np.stack([np.stack([g[a * P // 2:(a + 1) * P // 2, b * K // 2:(b + 1) * K // 2]
-                          .mean(axis=(0, 1)) for b in range(2)]) for a in range(2)])
+      np.concatenate([np.ravel(x) for x in jax.tree.leaves(sgrad)]), flat_grad, atol=2e-6
+  )
+  q = np.stack(
+      [
+          np.stack(
+              [
+                  g[a * P // 2 : (a + 1) * P // 2, b * K // 2 : (b + 1) * K // 2].mean(axis=(0, 1))
+                  for b in range(2)
+              ]
+          )
+          for a in range(2)
+      ]
+  )
   want = noise.split_moments_from_quarters(jnp.asarray(q), P, K)
   got = gradstats.sum_leaves(smom)
   for f in ("d_intra", "d_inter", "cross"):
@@ -183,8 +209,7 @@ def test_inter_prompt_breakdown_sums_to_the_pooled_term_synthetic():
   out = noise.inter_by_group(m, groups, jnp.asarray(S @ S.T, jnp.float32))
   total = noise.exact_estimates(m)["trace_inter"]
   np.testing.assert_allclose(np.sum(out["contribution"]), total, rtol=1e-5)
-  np.testing.assert_allclose(out["contribution"], _naive_breakdown(g, groups), rtol=1e-4,
-                             atol=1e-5)
+  np.testing.assert_allclose(out["contribution"], _naive_breakdown(g, groups), rtol=1e-4, atol=1e-5)
   np.testing.assert_allclose(out["count"], np.bincount(groups, minlength=3))
   np.testing.assert_allclose(np.sum(out["share"]), 1.0, rtol=1e-5)
 
@@ -195,14 +220,23 @@ def test_grouped_moments_on_the_model_match_a_python_loop():
   rl_cfg, s_cfg = cfgs("seq_mean_token_sum_norm")
   g = naive_per_rollout_grads(graphdef, params, batch, rl_cfg, s_cfg)
   groups = np.array([0, 1, 1, 0])
-  mom, gram = gradstats.group_moments(params, graphdef, batch, P, K, rl_cfg, s_cfg,
-                                      chunk_prompts=2, prompt_groups=groups, num_groups=2)
+  mom, gram = gradstats.group_moments(
+      params,
+      graphdef,
+      batch,
+      P,
+      K,
+      rl_cfg,
+      s_cfg,
+      chunk_prompts=2,
+      prompt_groups=groups,
+      num_groups=2,
+  )
   m = gradstats.sum_leaves(mom)
   ref = noise.moments_from_grads(jnp.asarray(g, jnp.float32))
   np.testing.assert_allclose(m.sum_sqnorm_P, ref.sum_sqnorm_P, rtol=1e-4)
   out = noise.inter_by_group(m, groups, jnp.sum(gram, axis=0))
-  np.testing.assert_allclose(out["contribution"], _naive_breakdown(g, groups), rtol=1e-3,
-                             atol=1e-6)
+  np.testing.assert_allclose(out["contribution"], _naive_breakdown(g, groups), rtol=1e-3, atol=1e-6)
 
 
 def test_noise_in_adams_metric_matches_scaled_per_rollout_gradients():
@@ -211,21 +245,33 @@ def test_noise_in_adams_metric_matches_scaled_per_rollout_gradients():
   batch = make_batch(graphdef, params, seed=5)
   rl_cfg, s_cfg = cfgs("seq_mean_token_mean")
   rng = np.random.default_rng(6)
-  metric = jax.tree.map(lambda x: jnp.asarray(rng.uniform(0.5, 3.0, x.shape), jnp.float32),
-                        params)
+  metric = jax.tree.map(lambda x: jnp.asarray(rng.uniform(0.5, 3.0, x.shape), jnp.float32), params)
   g = naive_per_rollout_grads(graphdef, params, batch, rl_cfg, s_cfg)
   d = np.concatenate([np.ravel(x) for x in jax.tree.leaves(metric)])
   ref = noise.moments_from_grads(jnp.asarray(g * d, jnp.float32))
-  m = gradstats.sum_leaves(gradstats.group_moments(params, graphdef, batch, P, K, rl_cfg,
-                                                   s_cfg, chunk_prompts=2, metric=metric))
+  m = gradstats.sum_leaves(
+      gradstats.group_moments(
+          params, graphdef, batch, P, K, rl_cfg, s_cfg, chunk_prompts=2, metric=metric
+      )
+  )
   np.testing.assert_allclose(m.sum_sqnorm_P, ref.sum_sqnorm_P, rtol=1e-4)
   np.testing.assert_allclose(m.batch_mean_sqnorm, ref.batch_mean_sqnorm, rtol=1e-4)
   # the split path in the same metric: moments of the scaled quarter means
-  _, _, _, (raw, scaled) = gradstats.split_grads(params, graphdef, batch, P, K, rl_cfg,
-                                                 s_cfg, metric=metric)
+  _, _, _, (raw, scaled) = gradstats.split_grads(
+      params, graphdef, batch, P, K, rl_cfg, s_cfg, metric=metric
+  )
   gd = g * d
-  q = np.stack([np.stack([gd[a * P // 2:(a + 1) * P // 2, b * K // 2:(b + 1) * K // 2]
-                          .mean(axis=(0, 1)) for b in range(2)]) for a in range(2)])
+  q = np.stack(
+      [
+          np.stack(
+              [
+                  gd[a * P // 2 : (a + 1) * P // 2, b * K // 2 : (b + 1) * K // 2].mean(axis=(0, 1))
+                  for b in range(2)
+              ]
+          )
+          for a in range(2)
+      ]
+  )
   want = noise.split_moments_from_quarters(jnp.asarray(q), P, K)
   got = gradstats.sum_leaves(scaled)
   for f in ("d_intra", "d_inter", "cross"):

@@ -12,6 +12,7 @@ A "kill" is an exception (a BaseException, so nothing catches it) raised
 before the k-th object upload: uploads are atomic, so a process killed
 during one leaves the store as a process killed just before it.
 """
+
 from __future__ import annotations
 
 import gc
@@ -79,9 +80,9 @@ class FakeBucket(DirFileSystem):
 
   protocol = ("gcs", "gs")
   cachable = False
-  root = None         # set by the fixture
-  uploads = []        # keys published, in order
-  kill_at = None      # raise Killed before the upload with this index (0-based)
+  root = None  # set by the fixture
+  uploads = []  # keys published, in order
+  kill_at = None  # raise Killed before the upload with this index (0-based)
 
   def __init__(self, *args, **kwargs):
     del args, kwargs  # finalize_on_close=True, from epath
@@ -135,6 +136,7 @@ def fake_gcs(tmp_path, monkeypatch):
 
 
 # ------------------------------------------------------------------- the layer
+
 
 def test_join_and_resolve_keep_local_paths_and_normalize_uris():
   assert paths.join("runs/a", "metrics.jsonl") == os.path.join("runs/a", "metrics.jsonl")
@@ -197,8 +199,10 @@ def test_report_and_sweep_files_on_a_bucket(fake_gcs):
   out = report.Results("exp", root="gs://bucket/results")
   out.table([{"a": 1, "b": [1, 2]}], ["a"], echo=False)
   out.manifest(config={"x": 1}, command="python x.py")
-  assert json.loads(paths.read_text("gs://bucket/results/exp/manifest.json"))["command"] == \
-      "python x.py"
+  assert (
+      json.loads(paths.read_text("gs://bucket/results/exp/manifest.json"))["command"]
+      == "python x.py"
+  )
   with open(os.path.join(fake_gcs, "bucket/results/exp/exp.csv"), "rb") as f:
     assert f.read() == b'a,b\r\n1,"[1, 2]"\r\n'  # the bytes a local table has
   assert report.missing_manifests("gs://bucket/results") == []
@@ -214,15 +218,18 @@ def test_report_and_sweep_files_on_a_bucket(fake_gcs):
   assert [r["summary"]["lr"] for r in rows] == [1e-3, 2e-3]
   assert canon(sweep.read_results("gs://bucket/sweep")) == canon(rows)
   calls = []
-  again = sweep.run_sweep(base, over, "gs://bucket/sweep", progress=False,
-                          run_fn=lambda c, w: calls.append(w))
+  again = sweep.run_sweep(
+      base, over, "gs://bucket/sweep", progress=False, run_fn=lambda c, w: calls.append(w)
+  )
   assert calls == [] and canon(again) == canon(rows)
 
 
 # ----------------------------------------------------------------- a real run
 
+
 class FirstDigitOne(arithmetic.ArithmeticTask):
   """Reward 1 iff the completion starts with '1'."""
+
   enumerable = False
 
   def verify(self, problem, completion):
@@ -272,10 +279,12 @@ def test_run_on_a_bucket_writes_everything_there_and_resumes(easy_task, fake_gcs
   assert [r["round"] for r in rows] == [0, 1, 2, 3, 4]
   assert json.loads(paths.read_text(f"{wd}/summary.json"))["rounds"] == 4 == s["rounds"]
   files = bucket_listing(fake_gcs, "bucket")
-  for f in ("bucket/runs/a/checkpoints/4/commit_success.txt",  # orbax's gs:// commit
-            "bucket/runs/a/checkpoints/2/commit_success.txt",
-            "bucket/runs/a/sft_base/metrics.jsonl",
-            "bucket/runs/a/sft_base/checkpoints/5/commit_success.txt"):
+  for f in (
+      "bucket/runs/a/checkpoints/4/commit_success.txt",  # orbax's gs:// commit
+      "bucket/runs/a/checkpoints/2/commit_success.txt",
+      "bucket/runs/a/sft_base/metrics.jsonl",
+      "bucket/runs/a/sft_base/checkpoints/5/commit_success.txt",
+  ):
     assert f in files, files
   assert any(f.startswith("bucket/runs/a/tb/events.out") for f in files), files
   assert not [f for f in files if ".tmp" in f], files
@@ -301,8 +310,10 @@ def test_kill_before_any_upload_then_rerun_equals_an_uninterrupted_run(easy_task
       "sft checkpoint": first(lambda u: u.startswith("sft_base/checkpoints/")),
       "first rl row": first(lambda u: u == "metrics.jsonl") + 1,
       "round-2 checkpoint": first(lambda u: u.startswith("checkpoints/2/")) + 1,
-      "row after a checkpoint": max(i for i, u in enumerate(uploads)
-                                    if u.startswith("checkpoints/2/")) + 1,
+      "row after a checkpoint": max(
+          i for i, u in enumerate(uploads) if u.startswith("checkpoints/2/")
+      )
+      + 1,
       "summary": first(lambda u: u == "summary.json"),
   }
   for what, k in kills.items():
@@ -323,7 +334,8 @@ def test_kill_before_any_upload_then_rerun_equals_an_uninterrupted_run(easy_task
 
 
 def test_local_run_killed_before_its_first_checkpoint_reruns_without_a_second_round_0(
-    easy_task, monkeypatch, tmp_path):
+    easy_task, monkeypatch, tmp_path
+):
   wd = str(tmp_path / "run")
   save = train.checkpoint
 

@@ -1,5 +1,6 @@
 """cbs_jax.plots: every figure is labelled, saves a real PNG, draws the data
 it was given, and its fitted curves match closed forms computed here."""
+
 import os
 import subprocess
 import sys
@@ -20,10 +21,10 @@ def _sweep(seed=0):
   pts = []
   for N in (64, 128, 256, 512, 1024, 2048, 4096):
     for sd in range(3):
-      pts.append(dict(N=N, S=40.0 * (1 + 600.0 / N) * (1 + 0.1 * rng.standard_normal()),
-                      seed=sd))
-  fit = batch_law.fit_critical_batch([p["N"] for p in pts], [p["S"] for p in pts],
-                                 [p["seed"] for p in pts], n_boot=400)
+      pts.append(dict(N=N, S=40.0 * (1 + 600.0 / N) * (1 + 0.1 * rng.standard_normal()), seed=sd))
+  fit = batch_law.fit_critical_batch(
+      [p["N"] for p in pts], [p["S"] for p in pts], [p["seed"] for p in pts], n_boot=400
+  )
   return pts, fit
 
 
@@ -41,9 +42,9 @@ def _check_labelled_and_saved(fig, tmp_path, name):
     # an x label on this axis or on one sharing its x axis (stacked panels), or
     # named categories (bar groups)
     sharing = ax.get_shared_x_axes().get_siblings(ax)
-    assert (any(a.get_xlabel().strip() for a in sharing)
-            or (ax.get_xticklabels() and all(t.get_text() for t in ax.get_xticklabels()))
-            ), "unlabelled x axis"
+    assert any(a.get_xlabel().strip() for a in sharing) or (
+        ax.get_xticklabels() and all(t.get_text() for t in ax.get_xticklabels())
+    ), "unlabelled x axis"
     assert ax.get_ylabel().strip(), "unlabelled y axis"
   path = plots.save(fig, str(tmp_path / "sub" / f"{name}.png"))
   with open(path, "rb") as f:
@@ -65,8 +66,16 @@ def test_learning_curves_draws_the_data_with_units(tmp_path):
   curves = []
   for i, N in enumerate((64, 256, 1024)):
     v = 0.4 + 0.2 * (1 - np.exp(-r * N / 5e4))
-    curves.append(dict(label=f"N={N}", rollouts=r * N, steps=r, value=v,
-                       lo=v - 0.02 if i == 1 else None, hi=v + 0.02 if i == 1 else None))
+    curves.append(
+        dict(
+            label=f"N={N}",
+            rollouts=r * N,
+            steps=r,
+            value=v,
+            lo=v - 0.02 if i == 1 else None,
+            hi=v + 0.02 if i == 1 else None,
+        )
+    )
   fig = plots.learning_curves(curves, target=[0.5, 0.55], title="sweep")
   ax_r, ax_s = fig.axes
   assert "rollouts" in ax_r.get_xlabel() and "steps" in ax_s.get_xlabel()
@@ -120,8 +129,13 @@ def test_pareto_hyperbola_matches_closed_form(tmp_path):
   np.testing.assert_allclose(line2.get_xdata(), E, rtol=1e-9)
   # one marker per run, at (E = N S, S)
   ax = fig.axes[0]
-  drawn = np.concatenate([np.column_stack([ln.get_xdata(), ln.get_ydata()])
-                          for ln in ax.get_lines() if ln.get_label().startswith("N=")])
+  drawn = np.concatenate(
+      [
+          np.column_stack([ln.get_xdata(), ln.get_ydata()])
+          for ln in ax.get_lines()
+          if ln.get_label().startswith("N=")
+      ]
+  )
   want = np.array([[p["N"] * p["S"], p["S"]] for p in pts])
   assert drawn.shape == want.shape
   np.testing.assert_allclose(np.sort(drawn, axis=0), np.sort(want, axis=0))
@@ -167,14 +181,17 @@ def test_steps_vs_batch_fit_and_interval(tmp_path):
 
 def test_steps_vs_batch_noise_marks():
   pts, fit = _sweep(2)
-  lines = lambda fig: {ln.get_label(): ln.get_xdata()[0] for ln in fig.axes[0].get_lines()
-                       if "B_noise" in ln.get_label() or "base" in ln.get_label()
-                       or "late" in ln.get_label()}
+  lines = lambda fig: {
+      ln.get_label(): ln.get_xdata()[0]
+      for ln in fig.axes[0].get_lines()
+      if "B_noise" in ln.get_label() or "base" in ln.get_label() or "late" in ln.get_label()
+  }
   # a list: several measurements (not an interval); nan ones are skipped
   got = lines(plots.steps_vs_batch(pts, fit, b_noise=[900.0, 1500.0, float("nan")]))
   assert sorted(got.values()) == [900.0, 1500.0]
-  got = lines(plots.steps_vs_batch(pts, fit, b_noise={"base": (800.0, 600.0, 1000.0),
-                                                      "late": 1200.0}))
+  got = lines(
+      plots.steps_vs_batch(pts, fit, b_noise={"base": (800.0, 600.0, 1000.0), "late": 1200.0})
+  )
   assert got == {"base=800 [600, 1e+03]": 800.0, "late=1.2e+03": 1200.0}
   with pytest.raises(ValueError):
     plots.steps_vs_batch(pts, fit, b_noise=(1.0, 2.0))
@@ -182,11 +199,16 @@ def test_steps_vs_batch_noise_marks():
 
 def test_noise_over_training_series_and_bands(tmp_path):
   r = np.arange(0, 500, 5)
-  series = {"B_noise (tracker)": 9000 + 300 * np.sin(r / 50), "B_intra (tracker)": 3000 + 0 * r,
-            "B_noise (precise)": [10300.0, 8900.0]}
+  series = {
+      "B_noise (tracker)": 9000 + 300 * np.sin(r / 50),
+      "B_intra (tracker)": 3000 + 0 * r,
+      "B_noise (precise)": [10300.0, 8900.0],
+  }
   rounds = {"B_noise (tracker)": r, "B_intra (tracker)": r, "B_noise (precise)": [0, 495]}
-  bands = {"B_noise (tracker)": (8000 + 0 * r, 10000 + 0 * r),
-           "B_noise (precise)": ([7500.0, 6600.0], [13100.0, 11200.0])}
+  bands = {
+      "B_noise (tracker)": (8000 + 0 * r, 10000 + 0 * r),
+      "B_noise (precise)": ([7500.0, 6600.0], [13100.0, 11200.0]),
+  }
   fig = plots.noise_over_training(rounds, series, bands)
   ax = fig.axes[0]
   assert ax.get_yscale() == "log" and _unit(ax.get_ylabel()) and _unit(ax.get_xlabel())
@@ -201,8 +223,9 @@ def test_noise_over_training_series_and_bands(tmp_path):
     plots.noise_over_training([0, 1], {"x": [1.0, 2.0, 3.0]})
   # batch sizes on a log2 axis; an interval missing at one N leaves that bar out
   ns = [64, 128, 256]
-  fig = plots.noise_over_training(ns, {"T (s)": [8.6, 6.3, 7.4]},
-                                  {"T (s)": ([6.8, None, 6.8], [10.5, None, 7.9])}, logx=True)
+  fig = plots.noise_over_training(
+      ns, {"T (s)": [8.6, 6.3, 7.4]}, {"T (s)": ([6.8, None, 6.8], [10.5, None, 7.9])}, logx=True
+  )
   ax = fig.axes[0]
   assert ax.get_xscale() == "log" and ax.xaxis.get_transform().base == 2
   seg = ax.containers[0].lines[2][0].get_segments()
@@ -213,8 +236,9 @@ def test_noise_over_training_series_and_bands(tmp_path):
 @pytest.mark.parametrize("stacked", [False, True])
 def test_noise_decomposition_bars(tmp_path, stacked):
   labels, intra, inter = ["base", "round 1000"], [3180.0, 2330.0], [7100.0, 6600.0]
-  fig = plots.noise_decomposition(labels, intra, inter, [880.0, 660.0], [2000.0, 1900.0],
-                                  stacked=stacked)
+  fig = plots.noise_decomposition(
+      labels, intra, inter, [880.0, 660.0], [2000.0, 1900.0], stacked=stacked
+  )
   ax = fig.axes[0]
   heights = [p.get_height() for p in ax.patches]
   bottoms = [p.get_y() for p in ax.patches]
@@ -232,7 +256,7 @@ def test_noise_decomposition_bars(tmp_path, stacked):
 def test_noise_vs_kappa_curve_is_the_fitted_polynomial(tmp_path):
   rng = np.random.default_rng(0)
   k = np.linspace(0.0, 0.08, 9)
-  y = 270 + 1500 * k + 40000 * k ** 2 + rng.normal(0, 5, k.size)
+  y = 270 + 1500 * k + 40000 * k**2 + rng.normal(0, 5, k.size)
   se = np.full(k.size, 5.0)
   fit = drift.fit_trend(k, y, se)
   assert fit["verdict"] == "quadratic"
@@ -247,7 +271,7 @@ def test_noise_vs_kappa_curve_is_the_fitted_polynomial(tmp_path):
   ff = drift.fit_trend(k, yf, se)
   if ff["verdict"] == "flat":
     lf = _gid(plots.noise_vs_kappa(k, yf, se, ff), "fit")
-    np.testing.assert_allclose(lf.get_ydata(), np.average(yf, weights=1 / se ** 2), rtol=1e-9)
+    np.testing.assert_allclose(lf.get_ydata(), np.average(yf, weights=1 / se**2), rtol=1e-9)
   # several variants at once
   multi = plots.noise_vs_kappa({"a": k, "b": k}, {"a": y, "b": y + 10}, fit={"a": fit})
   _gid(multi, "fit:a")
@@ -287,8 +311,9 @@ assert not any(m.startswith(('tkinter', 'PyQt', 'PySide', 'gi.repository')) for 
 print('OK', matplotlib.get_backend())
 """
   env = {k: v for k, v in os.environ.items() if k not in ("DISPLAY", "MPLBACKEND")}
-  out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                       timeout=120)
+  out = subprocess.run(
+      [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120
+  )
   assert out.returncode == 0, out.stderr
   assert out.stdout.startswith("OK")
   assert os.path.getsize(tmp_path / "p.png") > 1000

@@ -9,6 +9,7 @@ through the real parser, argparse scripts through their own parser); every
 the quickstart in order in a fresh directory at smoke size: the main command
 (``configs/default.py:smoke``), then the planner on its workdir.
 """
+
 import importlib.util
 import os
 import re
@@ -109,8 +110,9 @@ def inline_commands(text: str) -> list[dict]:
   for block in code_blocks(text):
     text = text.replace(block, "")
   spans = re.findall(r"`(python3? [^`]+)`", text)
-  return [dict(c, inline=True) for c in readme_commands("\n\n".join(
-      "    " + s for s in spans) + "\n")]
+  return [
+      dict(c, inline=True) for c in readme_commands("\n\n".join("    " + s for s in spans) + "\n")
+  ]
 
 
 def _readme():
@@ -119,9 +121,12 @@ def _readme():
 
 
 COMMANDS = readme_commands(_readme()) + inline_commands(_readme())
-OURS = [c for c in COMMANDS
-        if (c["kind"] == "module" and c["target"].startswith("cbs_jax."))
-        or (c["kind"] == "script" and c["target"].split("/")[0] in ("experiments", "colab"))]
+OURS = [
+    c
+    for c in COMMANDS
+    if (c["kind"] == "module" and c["target"].startswith("cbs_jax."))
+    or (c["kind"] == "script" and c["target"].split("/")[0] in ("experiments", "colab"))
+]
 
 
 def _id(c):
@@ -144,15 +149,19 @@ def setup_extras() -> dict:
 
 
 def test_readme_reader_finds_indented_fenced_and_nested_commands():
-  text = ("intro\n\n    pip install -e . && python -m cbs_jax.main --a=1 \\\n"
-          "        --b=2\n\nprose\n* item\n\n      gcloud x --command=\"cd y && \\\n"
-          "          python3 -m cbs_jax.plan --c=3\"\n\n```bash\nX=1 python experiments/e.py"
-          " --d\n```\n    not code: no blank line before\n")
+  text = (
+      "intro\n\n    pip install -e . && python -m cbs_jax.main --a=1 \\\n"
+      '        --b=2\n\nprose\n* item\n\n      gcloud x --command="cd y && \\\n'
+      '          python3 -m cbs_jax.plan --c=3"\n\n```bash\nX=1 python experiments/e.py'
+      " --d\n```\n    not code: no blank line before\n"
+  )
   got = [(c["kind"], c["target"], c["args"]) for c in readme_commands(text)]
-  assert got == [("pip", ["install", "-e", "."], ["install", "-e", "."]),
-                 ("module", "cbs_jax.main", ["--a=1", "--b=2"]),
-                 ("module", "cbs_jax.plan", ["--c=3"]),
-                 ("script", "experiments/e.py", ["--d"])]
+  assert got == [
+      ("pip", ["install", "-e", "."], ["install", "-e", "."]),
+      ("module", "cbs_jax.main", ["--a=1", "--b=2"]),
+      ("module", "cbs_jax.plan", ["--c=3"]),
+      ("script", "experiments/e.py", ["--d"]),
+  ]
 
 
 def test_readme_has_the_first_hour_commands():
@@ -172,8 +181,7 @@ def test_readme_command_names_an_entry_point_and_its_flags(command, monkeypatch)
     try:
       entry_points.absl_parse(monkeypatch, target, args)
     except Exception as e:  # absl / ml_collections name the flag or field
-      pytest.fail(f"{where}: python -m {target} does not parse {args}: "
-                  f"{type(e).__name__}: {e}")
+      pytest.fail(f"{where}: python -m {target} does not parse {args}: " f"{type(e).__name__}: {e}")
     return
   path = os.path.join(ROOT, target)
   assert os.path.isfile(path), f"{where}: no script {target}"
@@ -187,18 +195,24 @@ def test_readme_command_names_an_entry_point_and_its_flags(command, monkeypatch)
     pytest.fail(f"{where}: {target}'s argparse parser rejects {args} (its message above)")
 
 
-@pytest.mark.parametrize("args", [["--config=configs/default.py", "--workdir=w", "--bogus=1"],
-                                  ["--config=configs/default.py", "--workdir=w",
-                                   "--config.rl.no_such_field=1"],
-                                  ["--config=configs/default.py", "--workdir=w",
-                                   "--config.batch.num_prompts=many"],
-                                  ["--config=configs/default.py"]])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--config=configs/default.py", "--workdir=w", "--bogus=1"],
+        ["--config=configs/default.py", "--workdir=w", "--config.rl.no_such_field=1"],
+        ["--config=configs/default.py", "--workdir=w", "--config.batch.num_prompts=many"],
+        ["--config=configs/default.py"],
+    ],
+)
 def test_the_flag_check_rejects_what_the_entry_point_rejects(args, monkeypatch):
   monkeypatch.chdir(ROOT)
   with pytest.raises(Exception):
     entry_points.absl_parse(monkeypatch, "cbs_jax.main", args)
-  got = entry_points.absl_parse(monkeypatch, "cbs_jax.main",  # nothing was left over
-                                ["--config=configs/default.py", "--workdir=w"])
+  got = entry_points.absl_parse(
+      monkeypatch,
+      "cbs_jax.main",  # nothing was left over
+      ["--config=configs/default.py", "--workdir=w"],
+  )
   assert got["workdir"] == "w" and got["config"].batch.num_prompts == 16
 
 
@@ -251,8 +265,10 @@ def test_readme_pip_installs_name_extras_of_setup_py():
     for t in targets:
       named = [e for e in (_PIP_TARGET.match(t).group(1) or "").split(",") if e]
       unknown = sorted(set(named) - set(extras))
-      assert not unknown, (f"README.md: {c['line']!r}: extras {unknown} are not in "
-                           f"setup.py's extras_require {sorted(extras)}")
+      assert not unknown, (
+          f"README.md: {c['line']!r}: extras {unknown} are not in "
+          f"setup.py's extras_require {sorted(extras)}"
+      )
 
 
 def test_gpu_and_tpu_extras_pin_the_accelerator_wheels():
@@ -265,17 +281,23 @@ def test_gpu_and_tpu_extras_pin_the_accelerator_wheels():
 
 
 def _first(module: str) -> dict:
-  found = [c for c in COMMANDS
-           if c["kind"] == "module" and c["target"] == module and not c.get("inline")]
+  found = [
+      c for c in COMMANDS if c["kind"] == "module" and c["target"] == module and not c.get("inline")
+  ]
   assert found, f"README.md's code blocks have no python -m {module}"
   return found[0]
 
 
 def _run(args: list[str], cwd: str) -> subprocess.CompletedProcess:
-  env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-      [ROOT] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
-  return subprocess.run([sys.executable, *args], cwd=cwd, env=env, capture_output=True,
-                        text=True, timeout=900)
+  env = dict(
+      os.environ,
+      PYTHONPATH=os.pathsep.join(
+          [ROOT] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+      ),
+  )
+  return subprocess.run(
+      [sys.executable, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=900
+  )
 
 
 @pytest.mark.slow  # ~1.5 min on a loaded 2-core CPU
@@ -284,14 +306,17 @@ def test_quickstart_then_plan_run_in_order_at_smoke_size(tmp_path):
   workdir, each run as written in a fresh directory holding only configs/."""
   os.symlink(os.path.join(ROOT, "configs"), tmp_path / "configs")
   main_cmd, plan_cmd = _first("cbs_jax.main"), _first("cbs_jax.plan")
-  main_args = [a.replace("configs/default.py", "configs/default.py:smoke")
-               if a.startswith("--config=") else a for a in main_cmd["args"]]
+  main_args = [
+      a.replace("configs/default.py", "configs/default.py:smoke")
+      if a.startswith("--config=")
+      else a
+      for a in main_cmd["args"]
+  ]
   assert "--config=configs/default.py:smoke" in main_args, main_cmd["line"]
   r = _run(["-m", "cbs_jax.main", *main_args], str(tmp_path))
   assert r.returncode == 0, r.stderr[-3000:]
   workdir = [a.split("=", 1)[1] for a in main_args if a.startswith("--workdir=")][0]
-  assert {"config.json", "provenance.json", "summary.json"} <= set(
-      os.listdir(tmp_path / workdir))
+  assert {"config.json", "provenance.json", "summary.json"} <= set(os.listdir(tmp_path / workdir))
 
   run_dir = [a.split("=", 1)[1] for a in plan_cmd["args"] if a.startswith("--run_dir=")]
   assert run_dir == [workdir], (plan_cmd["line"], main_cmd["line"])

@@ -9,6 +9,7 @@ Every run here is tiny; the session's persistent XLA compilation cache
 (tests/conftest.py, inherited by the subprocesses) makes the second and later
 compiles of the same program a file read.
 """
+
 from __future__ import annotations
 
 import json
@@ -78,8 +79,9 @@ def load_state(workdir, step=None):
   mgr = ocp.CheckpointManager(os.path.join(workdir, "checkpoints"))
   try:
     step = mgr.latest_step() if step is None else step
-    out = mgr.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(),
-                                                    meta=ocp.args.JsonRestore()))
+    out = mgr.restore(
+        step, args=ocp.args.Composite(state=ocp.args.StandardRestore(), meta=ocp.args.JsonRestore())
+    )
     return step, jax.tree.map(np.asarray, out["state"]), out["meta"]
   finally:
     mgr.close()
@@ -97,6 +99,7 @@ def assert_trees_equal(a, b):
 class FirstDigitOne(arithmetic.ArithmeticTask):
   """Reward 1 iff the completion starts with '1': learnable in a few updates,
   so gradients are non-zero and parameters really move."""
+
   enumerable = False  # its accepted set is not arithmetic's
 
   def verify(self, problem, completion):
@@ -104,7 +107,7 @@ class FirstDigitOne(arithmetic.ArithmeticTask):
 
 
 P_TINY = 8  # prompts per round; SFT batch (16) and eval set (32) differ from it,
-            # so a task can tell the trainer's per-round draws apart
+# so a task can tell the trainer's per-round draws apart
 
 
 def tiny_config(**over):
@@ -133,27 +136,36 @@ def easy_task(monkeypatch):
 
 # ------------------------------------------------------- 1. preemption (SIGKILL)
 
-PREEMPT_FLAGS = ("--config.train.checkpoint_every=2", "--config.train.eval_every=4",
-                 # 1-digit sums with a sharper SFT base: rewards are mixed, so
-                 # gradients (and the parameters) really change every round
-                 "--config.task.kwargs.max_digits=1", "--config.sft.steps=60",
-                 "--config.sft.lr=1e-2",
-                 # behaviour policy one round stale: the restored state must
-                 # include the parameter history, not only params + Adam
-                 "--config.batch.staleness=1",
-                 "--config.model.num_layers=1")  # halves the compile time
+PREEMPT_FLAGS = (
+    "--config.train.checkpoint_every=2",
+    "--config.train.eval_every=4",
+    # 1-digit sums with a sharper SFT base: rewards are mixed, so
+    # gradients (and the parameters) really change every round
+    "--config.task.kwargs.max_digits=1",
+    "--config.sft.steps=60",
+    "--config.sft.lr=1e-2",
+    # behaviour policy one round stale: the restored state must
+    # include the parameter history, not only params + Adam
+    "--config.batch.staleness=1",
+    "--config.model.num_layers=1",
+)  # halves the compile time
 
 
 def main_cmd(workdir, num_rounds):
-  return [sys.executable, "-m", "cbs_jax.main", "--config=configs/default.py:smoke",
-          f"--workdir={workdir}", f"--config.train.num_rounds={num_rounds}",
-          *PREEMPT_FLAGS]
+  return [
+      sys.executable,
+      "-m",
+      "cbs_jax.main",
+      "--config=configs/default.py:smoke",
+      f"--workdir={workdir}",
+      f"--config.train.num_rounds={num_rounds}",
+      *PREEMPT_FLAGS,
+  ]
 
 
 def run_to_end(cmd, env, log):
   with open(log, "w") as f:
-    r = subprocess.run(cmd, cwd=ROOT, env=env, stdout=f, stderr=subprocess.STDOUT,
-                       timeout=600)
+    r = subprocess.run(cmd, cwd=ROOT, env=env, stdout=f, stderr=subprocess.STDOUT, timeout=600)
   text = open(log).read()
   assert r.returncode == 0, text[-3000:]
   return text
@@ -176,8 +188,9 @@ def run_and_kill(cmd, env, workdir, kill_at_round, log):
       time.sleep(0.005)
     else:
       if proc.poll() is None:
-        raise AssertionError("run did not reach round %d in 300 s:\n%s"
-                             % (kill_at_round, open(log).read()[-3000:]))
+        raise AssertionError(
+            "run did not reach round %d in 300 s:\n%s" % (kill_at_round, open(log).read()[-3000:])
+        )
   finally:
     if proc.poll() is None and time.time() >= deadline:
       proc.kill()
@@ -185,8 +198,10 @@ def run_and_kill(cmd, env, workdir, kill_at_round, log):
   if proc.returncode == -signal.SIGKILL:
     assert not os.path.exists(os.path.join(workdir, "summary.json"))
     ck = os.path.join(workdir, "checkpoints")
-    print(f"killed: last metrics row {read_rows(workdir)[-1]['round']}, checkpoints "
-          f"{sorted(os.listdir(ck), key=lambda x: (len(x), x)) if os.path.isdir(ck) else []}")
+    print(
+        f"killed: last metrics row {read_rows(workdir)[-1]['round']}, checkpoints "
+        f"{sorted(os.listdir(ck), key=lambda x: (len(x), x)) if os.path.isdir(ck) else []}"
+    )
     return True
   assert proc.returncode == 0, open(log).read()[-3000:]
   return False
@@ -197,12 +212,15 @@ def test_sigkill_mid_run_then_restart_equals_uninterrupted_run(tmp_path):
   env = dict(os.environ)
   kills = (3, 9)  # two preemptions; the second one interrupts the resumed run
   for attempt in range(3):
-    num_rounds = 24 * 2 ** attempt
+    num_rounds = 24 * 2**attempt
     wd = str(tmp_path / f"killed{attempt}")
     landed = []
     for i, at in enumerate(kills):
-      landed.append(run_and_kill(main_cmd(wd, num_rounds), env, wd, at,
-                                 str(tmp_path / f"kill{attempt}_{i}.log")))
+      landed.append(
+          run_and_kill(
+              main_cmd(wd, num_rounds), env, wd, at, str(tmp_path / f"kill{attempt}_{i}.log")
+          )
+      )
       if not landed[-1]:
         break
     if all(landed):
@@ -235,6 +253,7 @@ def test_sigkill_mid_run_then_restart_equals_uninterrupted_run(tmp_path):
 
 # ---------------------------------------------------------------- 2. determinism
 
+
 @pytest.mark.slow
 def test_same_config_and_seed_give_identical_runs(easy_task, tmp_path):
   # one stale update per round: the programs every other test here compiles
@@ -262,6 +281,7 @@ def test_same_config_and_seed_give_identical_runs(easy_task, tmp_path):
 
 
 # ------------------------------------------------------ 3. non-finite updates
+
 
 class NaNRewards(FirstDigitOne):
   """The first prompt of chosen training rounds gets reward NaN (all K
@@ -294,8 +314,7 @@ def nan_task(monkeypatch, rounds):
 @pytest.mark.slow
 def test_persistent_nan_loss_skips_updates_then_stops_naming_round(monkeypatch, tmp_path):
   nan_task(monkeypatch, range(3, 100))
-  c = tiny_config(task__name="nan_rewards", train__num_rounds=8,
-                  train__max_consecutive_nonfinite=3)
+  c = tiny_config(task__name="nan_rewards", train__num_rounds=8, train__max_consecutive_nonfinite=3)
   assert c.sft.batch_size != P_TINY != c.train.eval_prompts
   wd = str(tmp_path)
   with pytest.raises(train.NonFiniteError) as err:
@@ -319,8 +338,7 @@ def test_persistent_nan_loss_skips_updates_then_stops_naming_round(monkeypatch, 
 @pytest.mark.slow
 def test_single_nan_round_is_skipped_and_training_continues(monkeypatch, tmp_path):
   nan_task(monkeypatch, {3})
-  c = tiny_config(task__name="nan_rewards", train__num_rounds=6,
-                  train__max_consecutive_nonfinite=2)
+  c = tiny_config(task__name="nan_rewards", train__num_rounds=6, train__max_consecutive_nonfinite=2)
   wd = str(tmp_path)
   summary = train.train_and_evaluate(c, wd)
   rows = read_rows(wd)
@@ -331,8 +349,10 @@ def test_single_nan_round_is_skipped_and_training_continues(monkeypatch, tmp_pat
   assert any(r["grad_norm"] > 0 for r in rows[4:])
   assert summary["skipped_updates"] == 1 and summary["rounds"] == 6
   # the noise tracker skipped the NaN estimate instead of absorbing it
-  assert rows[3].get("noise_ema/flag", "").startswith("non-finite") or \
-      rows[3].get("noise_ema/g2") is not None
+  assert (
+      rows[3].get("noise_ema/flag", "").startswith("non-finite")
+      or rows[3].get("noise_ema/g2") is not None
+  )
   assert all(r["noise_ema/g2"] is not None for r in rows[4:])
   _, state, meta = load_state(wd)
   assert all(np.all(np.isfinite(x)) for x in jax.tree.leaves(state))
@@ -340,21 +360,23 @@ def test_single_nan_round_is_skipped_and_training_continues(monkeypatch, tmp_pat
 
 
 @pytest.mark.slow
-def test_update_that_makes_parameters_non_finite_is_skipped(easy_task, monkeypatch,
-                                                          tmp_path):
+def test_update_that_makes_parameters_non_finite_is_skipped(easy_task, monkeypatch, tmp_path):
   """A finite loss and gradient can still give a non-finite update (here an
   infinite learning rate, injected through the lr rule): the guard must look
   at the update, or NaN parameters are accepted and checkpointed."""
   from cbs_jax import lr_rules
+
   monkeypatch.setattr(lr_rules, "lr_scale", lambda *a, **k: float("inf"))
   c = tiny_config(train__num_rounds=6, train__max_consecutive_nonfinite=3)
   wd = str(tmp_path)
   with pytest.raises(train.NonFiniteError) as err:
     train.train_and_evaluate(c, wd)
   _, state, _ = load_state(wd, 2)
-  bad = [jax.tree_util.keystr(p) for p, x in jax.tree.flatten_with_path(state)[0]
-         if not np.all(np.isfinite(x))
-         and "hyperparams" not in jax.tree_util.keystr(p)]  # the lr record: reset each update
+  bad = [
+      jax.tree_util.keystr(p)
+      for p, x in jax.tree.flatten_with_path(state)[0]
+      if not np.all(np.isfinite(x)) and "hyperparams" not in jax.tree_util.keystr(p)
+  ]  # the lr record: reset each update
   assert not bad, f"checkpoint 2 holds non-finite {bad[:3]}; the run said: {err.value}"
   assert "round 3" in str(err.value)  # rounds 1, 2, 3 skipped
 
@@ -368,6 +390,7 @@ def test_infinite_learning_rate_is_rejected(field):
 
 
 # ------------------------------------------------------------------ 4. configs
+
 
 def _ppo_no_value_head(c):
   c.rl.algo = "ppo"
@@ -409,12 +432,29 @@ def _adaptive(c, **over):
 
 
 # fields range-checked inline in config.validate (not in a module-level table)
-_POSITIVE_FLOATS = ("optim.lr", "sft.lr", "sampling.temperature", "train.eval_temperature",
-                    "rl.clip_eps_low", "rl.clip_eps_high", "optim.eps", "rl.adv_eps")
-_UNIT_INTERVAL = ("optim.b1", "optim.b2", "rl.gamma", "rl.lam", "sft.label_noise") + \
-    ("train.stop_at_pass_rate", "train.stop_below_pass_rate")
-_MODEL_INTS = ("vocab_size", "d_model", "num_layers", "num_heads", "num_kv_heads",
-               "d_ff", "max_len")
+_POSITIVE_FLOATS = (
+    "optim.lr",
+    "sft.lr",
+    "sampling.temperature",
+    "train.eval_temperature",
+    "rl.clip_eps_low",
+    "rl.clip_eps_high",
+    "optim.eps",
+    "rl.adv_eps",
+)
+_UNIT_INTERVAL = ("optim.b1", "optim.b2", "rl.gamma", "rl.lam", "sft.label_noise") + (
+    "train.stop_at_pass_rate",
+    "train.stop_below_pass_rate",
+)
+_MODEL_INTS = (
+    "vocab_size",
+    "d_model",
+    "num_layers",
+    "num_heads",
+    "num_kv_heads",
+    "d_ff",
+    "max_len",
+)
 
 BAD_FIELDS = (
     [("task.name", "nope")]
@@ -422,38 +462,70 @@ BAD_FIELDS = (
     + [(f, 7) for f in config_lib._CHOICES if isinstance(_default(f), int)]
     + [(f, 0) for f in config_lib._POSITIVE]
     + [(f, -1) for f in config_lib._POSITIVE]
-    + [(f, True) for f in config_lib._POSITIVE  # bools pass type-safe int assignment
-       if isinstance(_default(f), int)]
+    + [
+        (f, True)
+        for f in config_lib._POSITIVE  # bools pass type-safe int assignment
+        if isinstance(_default(f), int)
+    ]
     + [(f, -1) for f in config_lib._NON_NEGATIVE]
     + [(f, 0.0) for f in _POSITIVE_FLOATS]
     + [(f, float("nan")) for f in _POSITIVE_FLOATS]
-    + [(f, 1.5) for f in _UNIT_INTERVAL] + [(f, -0.1) for f in _UNIT_INTERVAL]
-    + [("sampling.top_p", 0.0), ("sampling.top_p", 1.5), ("sampling.top_p", float("nan")),
-       ("noise.ema_decay", 1.0), ("noise.ema_decay", -0.5),
-       ("rl.clip_c", 0.5), ("rl.clip_c", 1.0),
-       ("optim.weight_decay", float("nan"))]
+    + [(f, 1.5) for f in _UNIT_INTERVAL]
+    + [(f, -0.1) for f in _UNIT_INTERVAL]
+    + [
+        ("sampling.top_p", 0.0),
+        ("sampling.top_p", 1.5),
+        ("sampling.top_p", float("nan")),
+        ("noise.ema_decay", 1.0),
+        ("noise.ema_decay", -0.5),
+        ("rl.clip_c", 0.5),
+        ("rl.clip_c", 1.0),
+        ("optim.weight_decay", float("nan")),
+    ]
     + [(f"model.{f}", 0) for f in _MODEL_INTS]
-    + [("model.num_heads", 3), ("model.num_kv_heads", 3), ("model.dtype", "float16"),
-       ("model.rope_theta", 0.0)]
+    + [
+        ("model.num_heads", 3),
+        ("model.num_kv_heads", 3),
+        ("model.dtype", "float16"),
+        ("model.rope_theta", 0.0),
+    ]
 )
 BAD_CONSISTENCY = [  # (what, mutate, fields the message must name)
-    ("grpo needs K >= 2", lambda c: setattr(c.batch, "rollouts_per_prompt", 1),
-     ["batch.rollouts_per_prompt"]),
-    ("minibatches must divide prompts", lambda c: setattr(c.batch, "num_minibatches", 3),
-     ["batch.num_minibatches", "batch.num_prompts"]),
+    (
+        "grpo needs K >= 2",
+        lambda c: setattr(c.batch, "rollouts_per_prompt", 1),
+        ["batch.rollouts_per_prompt"],
+    ),
+    (
+        "minibatches must divide prompts",
+        lambda c: setattr(c.batch, "num_minibatches", 3),
+        ["batch.num_minibatches", "batch.num_prompts"],
+    ),
     ("split needs even halves", _odd_split, ["noise.split_every"]),
     ("chunk must divide prompts", _chunk_not_dividing, ["noise.chunk_prompts"]),
     ("ppo needs a value head", _ppo_no_value_head, ["rl.algo", "model.value_head"]),
     ("rope needs an even head dim", _odd_head_dim, ["model.d_model", "model.num_heads"]),
-] + ([  # the adaptive batch schedule (being added by the lead)
-    ("adaptive max below min", lambda c: _adaptive(
-        c, batch__adaptive_min_prompts=64, batch__adaptive_max_prompts=32),
-     ["batch.adaptive_max_prompts", "batch.adaptive_min_prompts"]),
-    ("adaptive min not a multiple of the split unit", lambda c: _adaptive(
-        c, batch__adaptive_min_prompts=9), ["batch.adaptive_min_prompts"]),
-    ("adaptive needs the noise tracker", lambda c: _adaptive(c, noise__split_every=0),
-     ["batch.schedule", "noise.split_every"]),
-] if _has("batch.schedule") else [])
+] + (
+    [  # the adaptive batch schedule (being added by the lead)
+        (
+            "adaptive max below min",
+            lambda c: _adaptive(c, batch__adaptive_min_prompts=64, batch__adaptive_max_prompts=32),
+            ["batch.adaptive_max_prompts", "batch.adaptive_min_prompts"],
+        ),
+        (
+            "adaptive min not a multiple of the split unit",
+            lambda c: _adaptive(c, batch__adaptive_min_prompts=9),
+            ["batch.adaptive_min_prompts"],
+        ),
+        (
+            "adaptive needs the noise tracker",
+            lambda c: _adaptive(c, noise__split_every=0),
+            ["batch.schedule", "noise.split_every"],
+        ),
+    ]
+    if _has("batch.schedule")
+    else []
+)
 
 
 def _set(c, dotted, value):
@@ -466,11 +538,13 @@ def _set(c, dotted, value):
 def _study_configs():
   """(module, variant) of every committed study config with named variants."""
   import importlib  # pylint: disable=import-outside-toplevel
+
   out = []
   for name in ("adaptive_batch", "batch_law", "noise_anatomy", "offpolicy"):
     mod = importlib.import_module(f"configs.{name}")
     out += [(name, v) for v in mod.VARIANTS]
   from configs import drift_noise  # pylint: disable=import-outside-toplevel
+
   out += [("drift_noise", v) for v in drift_noise.CLIP_VARIANTS + ("quick",)]
   out += [("drift_noise", f"{a}{m}") for a in ("pg", "clip") for m in drift_noise.REUSE]
   return out
@@ -481,6 +555,7 @@ def test_every_study_config_variant_builds_validates_and_makes_its_task(name, va
   """A variant that fails only when its study reaches it (after an hour of
   the others) is caught here in milliseconds."""
   import importlib  # pylint: disable=import-outside-toplevel
+
   c = importlib.import_module(f"configs.{name}").get_config(variant)
   config_lib.validate(c)
   task = tasks.make_task(c.task.name, **c.task.kwargs.to_dict())
@@ -489,10 +564,15 @@ def test_every_study_config_variant_builds_validates_and_makes_its_task(name, va
 
 def test_config_table_covers_every_checked_field():
   covered = {f for f, _ in BAD_FIELDS}
-  checked = (set(config_lib._CHOICES) | set(config_lib._POSITIVE)
-             | set(config_lib._NON_NEGATIVE) | set(_POSITIVE_FLOATS) | set(_UNIT_INTERVAL)
-             | {"task.name", "sampling.top_p", "noise.ema_decay", "rl.clip_c"}
-             | {f"model.{f}" for f in _MODEL_INTS + ("dtype", "rope_theta")})
+  checked = (
+      set(config_lib._CHOICES)
+      | set(config_lib._POSITIVE)
+      | set(config_lib._NON_NEGATIVE)
+      | set(_POSITIVE_FLOATS)
+      | set(_UNIT_INTERVAL)
+      | {"task.name", "sampling.top_p", "noise.ema_decay", "rl.clip_c"}
+      | {f"model.{f}" for f in _MODEL_INTS + ("dtype", "rope_theta")}
+  )
   assert checked <= covered, checked - covered
   config_lib.validate(config_lib.base_config())  # the defaults themselves are valid
 
@@ -506,8 +586,9 @@ def test_validate_names_the_bad_field(field, value):
   assert f"config.{field}" in str(err.value), str(err.value)
 
 
-@pytest.mark.parametrize("what,mutate,fields", BAD_CONSISTENCY,
-                         ids=[w for w, _, _ in BAD_CONSISTENCY])
+@pytest.mark.parametrize(
+    "what,mutate,fields", BAD_CONSISTENCY, ids=[w for w, _, _ in BAD_CONSISTENCY]
+)
 def test_validate_names_fields_of_inconsistent_settings(what, mutate, fields):
   c = config_lib.base_config()
   mutate(c)
@@ -528,9 +609,18 @@ def test_prepare_names_task_fields(tmp_path):
     run_setup.prepare(c)
 
 
-@pytest.mark.parametrize("field,value", [
-    ("batch.num_prompts", "8"), ("batch.num_prompts", 8.5), ("model.d_model", "64"),
-    ("optim.lr", "fast"), ("rl.loss", 3), ("train.progress", 1), ("seed", [0])])
+@pytest.mark.parametrize(
+    "field,value",
+    [
+        ("batch.num_prompts", "8"),
+        ("batch.num_prompts", 8.5),
+        ("model.d_model", "64"),
+        ("optim.lr", "fast"),
+        ("rl.loss", 3),
+        ("train.progress", 1),
+        ("seed", [0]),
+    ],
+)
 def test_wrong_type_is_a_type_error_naming_the_field(field, value):
   c = config_lib.base_config()
   with pytest.raises(TypeError, match=field.split(".")[-1]):
@@ -553,6 +643,7 @@ def test_none_in_a_numeric_field_is_a_value_error_naming_it(field):
 
 
 # --------------------------------------------------------------- 6. checkpoints
+
 
 @pytest.fixture(scope="module")
 def finished_run(tmp_path_factory):
@@ -611,12 +702,22 @@ def _sft_meta_garbage(wd):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("corrupt", [_meta_garbage, _meta_empty, _state_truncated,
-                                     _state_metadata_deleted, _state_manifest_deleted,
-                                     _state_dir_deleted, _sft_meta_garbage],
-                         ids=lambda f: f.__name__.strip("_"))
+@pytest.mark.parametrize(
+    "corrupt",
+    [
+        _meta_garbage,
+        _meta_empty,
+        _state_truncated,
+        _state_metadata_deleted,
+        _state_manifest_deleted,
+        _state_dir_deleted,
+        _sft_meta_garbage,
+    ],
+    ids=lambda f: f.__name__.strip("_"),
+)
 def test_corrupted_checkpoint_is_a_clear_error_and_nothing_is_touched(
-    corrupt, finished_run, easy_task, tmp_path):
+    corrupt, finished_run, easy_task, tmp_path
+):
   wd = str(tmp_path / "run")
   shutil.copytree(finished_run, wd)
   bad = os.path.join(wd, corrupt(wd))
@@ -630,14 +731,15 @@ def test_corrupted_checkpoint_is_a_clear_error_and_nothing_is_touched(
 @pytest.fixture
 def no_compile(monkeypatch):
   """Fail if a run gets as far as building a model."""
+
   def boom(*a, **k):
     raise AssertionError("the run built a model before failing on its workdir")
+
   monkeypatch.setattr(model_lib, "build", boom)
   monkeypatch.setattr(sft_lib, "train_sft", boom)
 
 
-def test_workdir_under_a_regular_file_fails_before_compiling(easy_task, no_compile,
-                                                             tmp_path):
+def test_workdir_under_a_regular_file_fails_before_compiling(easy_task, no_compile, tmp_path):
   afile = tmp_path / "afile"
   afile.write_text("not a directory")
   wd = str(afile / "sub")  # cannot be created, even by root
@@ -668,6 +770,7 @@ def test_read_only_workdir_parent_fails_before_compiling(easy_task, no_compile, 
 
 # --------------------------------------------------------------------- 7. sweep
 
+
 class InterruptibleTask(FirstDigitOne):
   """Raises KeyboardInterrupt when it is asked for training round
   ``interrupt_at`` (class-level, one-shot): a Ctrl-C in the middle of a run."""
@@ -695,7 +798,7 @@ def test_interrupted_sweep_resumes_without_redoing_or_losing_runs(monkeypatch, t
   def run_fn(config, workdir):
     calls.append(os.path.basename(workdir))
     if len(calls) == 2 and not interrupted:  # once: the second run is interrupted
-      interrupted.append(workdir)            # after its round-2 checkpoint
+      interrupted.append(workdir)  # after its round-2 checkpoint
       InterruptibleTask.interrupt_at = 3
     return train.train_and_evaluate(config, workdir)
 
@@ -731,8 +834,9 @@ def test_interrupted_sweep_resumes_without_redoing_or_losing_runs(monkeypatch, t
   again = sweep.run_sweep(base, overrides, root, run_fn=run_fn, progress=False)
   assert calls == [] and canon(again) == canon(rows)
   after = listing(root)
-  assert {k: v for k, v in after.items() if k != "results.jsonl"} == \
-      {k: v for k, v in before.items() if k != "results.jsonl"}
+  assert {k: v for k, v in after.items() if k != "results.jsonl"} == {
+      k: v for k, v in before.items() if k != "results.jsonl"
+  }
   assert canon(sweep.read_results(root)) == canon(rows)
 
   # a different config under the same names is refused, naming the field
@@ -747,17 +851,27 @@ def test_sweep_rejects_unknown_or_mistyped_fields_before_running(tmp_path):
   ran = []
   run_fn = lambda c, w: ran.append(w)
   with pytest.raises(ValueError, match=r"batch\.num_promts"):
-    sweep.run_sweep(base, [{"batch.num_prompts": 8}, {"batch.num_promts": 8}],
-                    str(tmp_path / "a"), run_fn=run_fn, progress=False)
+    sweep.run_sweep(
+        base,
+        [{"batch.num_prompts": 8}, {"batch.num_promts": 8}],
+        str(tmp_path / "a"),
+        run_fn=run_fn,
+        progress=False,
+    )
   with pytest.raises(ValueError, match="nope.lr"):
-    sweep.run_sweep(base, [{"nope.lr": 1.0}], str(tmp_path / "b"), run_fn=run_fn,
-                    progress=False)
+    sweep.run_sweep(base, [{"nope.lr": 1.0}], str(tmp_path / "b"), run_fn=run_fn, progress=False)
   with pytest.raises(TypeError, match=r"batch\.num_prompts"):
-    sweep.run_sweep(base, [{"batch.num_prompts": "8"}], str(tmp_path / "c"),
-                    run_fn=run_fn, progress=False)
+    sweep.run_sweep(
+        base, [{"batch.num_prompts": "8"}], str(tmp_path / "c"), run_fn=run_fn, progress=False
+    )
   with pytest.raises(ValueError, match=r"config\.optim\.lr"):  # validated up front
-    sweep.run_sweep(base, [{"optim.lr": 1e-3}, {"optim.lr": -1.0}], str(tmp_path / "d"),
-                    run_fn=run_fn, progress=False)
+    sweep.run_sweep(
+        base,
+        [{"optim.lr": 1e-3}, {"optim.lr": -1.0}],
+        str(tmp_path / "d"),
+        run_fn=run_fn,
+        progress=False,
+    )
   assert ran == [] and not any(os.path.exists(tmp_path / x) for x in "abcd")
 
 
@@ -775,20 +889,30 @@ def test_sweep_names_are_filesystem_safe_and_distinct():
 @pytest.mark.slow
 def test_sweep_cli_runs_the_grid(tmp_path):
   root = str(tmp_path / "sweep")
-  cmd = [sys.executable, "-m", "cbs_jax.sweep", "--config=configs/default.py:smoke",
-         f"--workdir={root}", *PREEMPT_FLAGS,  # the preemption test's programs: cached
-         '--sweep={"seed": [0, 1]}', "--config.train.num_rounds=2"]
-  r = subprocess.run(cmd, cwd=ROOT, capture_output=True,
-                     text=True, timeout=600)
+  cmd = [
+      sys.executable,
+      "-m",
+      "cbs_jax.sweep",
+      "--config=configs/default.py:smoke",
+      f"--workdir={root}",
+      *PREEMPT_FLAGS,  # the preemption test's programs: cached
+      '--sweep={"seed": [0, 1]}',
+      "--config.train.num_rounds=2",
+  ]
+  r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
   assert r.returncode == 0, r.stderr[-3000:]
   rows = sweep.read_results(root)
   assert [x["name"] for x in rows] == ["seed=0", "seed=1"]
   assert all(x["summary"]["rounds"] == 2 for x in rows)
   stored = json.load(open(os.path.join(root, "seed=1", "config.json")))
   assert stored["seed"] == 1 and stored["train"]["num_rounds"] == 2
-  bad = subprocess.run(cmd[:-2] + ['--sweep={"batch.num_promts": [8]}'], cwd=ROOT,
-                       capture_output=True, text=True,
-                       timeout=600)
+  bad = subprocess.run(
+      cmd[:-2] + ['--sweep={"batch.num_promts": [8]}'],
+      cwd=ROOT,
+      capture_output=True,
+      text=True,
+      timeout=600,
+  )
   assert bad.returncode != 0 and "batch.num_promts" in bad.stderr
 
 
@@ -837,8 +961,9 @@ def test_stored_config_without_a_new_default_field_still_matches(tmp_path):
   rows = sweep.run_sweep(base, [{}], root, progress=False)
   assert rows[0]["summary"] == {"final_pass_rate": 0.5}  # read back, not rerun
   with pytest.raises(ValueError, match="train.stop_below_pass_rate"):
-    sweep.run_sweep(base, [{"train.stop_below_pass_rate": 0.2}], root, names=["base"],
-                    progress=False)
+    sweep.run_sweep(
+        base, [{"train.stop_below_pass_rate": 0.2}], root, names=["base"], progress=False
+    )
 
 
 def test_stored_config_with_a_retired_derived_field_still_matches(tmp_path):

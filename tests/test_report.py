@@ -2,6 +2,7 @@
 config, library versions, machine and command that made it. Each recorded
 field is checked against an independent source (git, importlib.metadata,
 the library's own __version__, platform, a subprocess's real command line)."""
+
 import csv
 import importlib.metadata
 import json
@@ -31,8 +32,9 @@ def _as_json(config):
 
 def _git_head():
   try:
-    out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True,
-                         text=True, timeout=10)
+    out = subprocess.run(
+        ["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, timeout=10
+    )
   except OSError:
     return None
   return out.stdout.strip() if out.returncode == 0 else None
@@ -42,8 +44,9 @@ def test_manifest_records_everything(tmp_path):
   config = default.get_config()
   res = report.Results("exp_a", root=str(tmp_path))
   time.sleep(0.2)
-  path = res.manifest(config=config, command=["experiments/exp_a.py", "--quick"],
-                      targets=[0.5, 0.55])
+  path = res.manifest(
+      config=config, command=["experiments/exp_a.py", "--quick"], targets=[0.5, 0.55]
+  )
   assert path == os.path.join(str(tmp_path), "exp_a", "manifest.json")
   assert not os.path.exists(path + ".tmp")
   doc = _read(path)
@@ -61,6 +64,7 @@ def test_manifest_records_everything(tmp_path):
   import flax
   import jax
   import optax
+
   for pkg in ("jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "numpy"):
     assert doc["versions"][pkg] == importlib.metadata.version(pkg), pkg
   assert doc["versions"]["jax"] == jax.__version__
@@ -74,8 +78,15 @@ def test_manifest_records_everything(tmp_path):
   if head is None:
     pytest.skip("not a git checkout: commit not checkable")
   assert doc["git_commit"] == head
-  dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
-                         capture_output=True, text=True).stdout.strip() != ""
+  dirty = (
+      subprocess.run(
+          ["git", "status", "--porcelain", "--untracked-files=no"],
+          cwd=ROOT,
+          capture_output=True,
+          text=True,
+      ).stdout.strip()
+      != ""
+  )
   assert doc["git_dirty"] is dirty
 
 
@@ -94,8 +105,11 @@ def test_manifest_writes_paths_inside_the_working_directory_relative(tmp_path, m
   monkeypatch.chdir(tmp_path)
   c = default.get_config()
   c.sft.base_dir = str(tmp_path / "runs" / "on" / "sft_base")  # what a study passes its runs
-  doc = _read(report.Results("exp_c", root="res").manifest(
-      config={"run": c, "outside": "/elsewhere/run"}, command="python x.py"))
+  doc = _read(
+      report.Results("exp_c", root="res").manifest(
+          config={"run": c, "outside": "/elsewhere/run"}, command="python x.py"
+      )
+  )
   assert doc["config"]["run"]["sft"]["base_dir"] == os.path.join("runs", "on", "sft_base")
   assert doc["config"]["outside"] == "/elsewhere/run"  # outside the directory: kept as given
 
@@ -110,8 +124,13 @@ def test_default_command_is_the_real_command_line(tmp_path, as_module):
       report.Results("exp_c", root={str(tmp_path)!r}).manifest(config={{"a": 1}})
       """))
   argv = ["-m", "expmod"] if as_module else ["expmod.py"]
-  out = subprocess.run([sys.executable, *argv, "--label", "two words"], cwd=str(tmp_path),
-                       capture_output=True, text=True, timeout=120)
+  out = subprocess.run(
+      [sys.executable, *argv, "--label", "two words"],
+      cwd=str(tmp_path),
+      capture_output=True,
+      text=True,
+      timeout=120,
+  )
   assert out.returncode == 0, out.stderr
   doc = _read(tmp_path / "exp_c" / "manifest.json")
   want = ("python -m expmod" if as_module else "python expmod.py") + " --label 'two words'"
@@ -128,6 +147,7 @@ def test_table_and_figure(tmp_path):
     got = list(csv.DictReader(f))
   assert got[0] == {"N": "64", "S": "120.0", "curve": "[1, 2]"}
   from cbs_jax import plots
+
   fig = plots.learning_curves([dict(label="x", rollouts=[0, 1], steps=[0, 1], value=[0, 1])])
   path = res.figure(fig)
   with open(path, "rb") as f:
@@ -148,8 +168,13 @@ def test_missing_manifests(tmp_path):
 def test_every_committed_result_folder_has_a_manifest():
   """Each committed experiments/results/<name>/ holds a committed manifest.json
   naming its provenance (folders of experiments still running are not committed)."""
-  out = subprocess.run(["git", "ls-files", "experiments/results"], cwd=ROOT,
-                       capture_output=True, text=True, timeout=30)
+  out = subprocess.run(
+      ["git", "ls-files", "experiments/results"],
+      cwd=ROOT,
+      capture_output=True,
+      text=True,
+      timeout=30,
+  )
   if out.returncode != 0:
     pytest.skip("not a git checkout")
   tracked = out.stdout.split()

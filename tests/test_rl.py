@@ -1,5 +1,6 @@
 """Tests for cbs_jax.rl against independent computations (numpy loops, hand
 numbers, finite differences)."""
+
 import math
 
 import jax
@@ -15,6 +16,7 @@ EPS = 1e-6
 # ---------------------------------------------------------------------------
 # Advantages
 # ---------------------------------------------------------------------------
+
 
 def _np_advantages(name, r, eps=EPS):
   """Naive per-element loops in float64."""
@@ -44,13 +46,13 @@ def _np_advantages(name, r, eps=EPS):
 def test_advantages_vs_loop(name):
   rng = np.random.default_rng(0)
   r = rng.normal(size=(5, 6)).astype(np.float32)
-  r[1] = 0.7                                  # identical-reward group
-  r[2] = (rng.random(6) < 0.5).astype(np.float32)   # binary rewards
+  r[1] = 0.7  # identical-reward group
+  r[2] = (rng.random(6) < 0.5).astype(np.float32)  # binary rewards
   got = np.asarray(rl.compute_advantages(name, jnp.asarray(r)))
   want = _np_advantages(name, r.astype(np.float64))
   np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5)
   assert np.all(np.isfinite(got))
-  assert np.all(got[1] == 0.0)                # exactly zero, not ~0
+  assert np.all(got[1] == 0.0)  # exactly zero, not ~0
 
 
 @pytest.mark.parametrize("name", ["grpo", "drgrpo", "rloo", "batch_std"])
@@ -66,12 +68,15 @@ def test_advantages_hand_numbers():
   # mean 0.25, population std sqrt(0.1875) = 0.4330127
   np.testing.assert_allclose(
       rl.compute_advantages("grpo", r, eps=0.0),
-      [[0.75 / 0.4330127, -0.25 / 0.4330127, -0.25 / 0.4330127,
-        -0.25 / 0.4330127]], rtol=1e-6)
-  np.testing.assert_allclose(rl.compute_advantages("rloo", r),
-                             [[1.0, -1 / 3, -1 / 3, -1 / 3]], rtol=1e-6)
-  np.testing.assert_allclose(rl.compute_advantages("drgrpo", r),
-                             [[0.75, -0.25, -0.25, -0.25]], rtol=1e-6)
+      [[0.75 / 0.4330127, -0.25 / 0.4330127, -0.25 / 0.4330127, -0.25 / 0.4330127]],
+      rtol=1e-6,
+  )
+  np.testing.assert_allclose(
+      rl.compute_advantages("rloo", r), [[1.0, -1 / 3, -1 / 3, -1 / 3]], rtol=1e-6
+  )
+  np.testing.assert_allclose(
+      rl.compute_advantages("drgrpo", r), [[0.75, -0.25, -0.25, -0.25]], rtol=1e-6
+  )
 
 
 def test_advantages_errors():
@@ -88,11 +93,10 @@ def test_advantages_errors():
 
 
 def test_sequence_to_tokens_order():
-  adv = jnp.array([[1.0, 2.0], [3.0, 4.0]])     # P=2, K=2
+  adv = jnp.array([[1.0, 2.0], [3.0, 4.0]])  # P=2, K=2
   mask = jnp.array([[1, 1, 0], [1, 0, 0], [1, 1, 1], [0, 0, 0]], jnp.float32)
   out = rl.sequence_to_tokens(adv, mask)
-  np.testing.assert_array_equal(
-      out, [[1, 1, 0], [2, 0, 0], [3, 3, 3], [0, 0, 0]])
+  np.testing.assert_array_equal(out, [[1, 1, 0], [2, 0, 0], [3, 3, 3], [0, 0, 0]])
 
 
 # ---------------------------------------------------------------------------
@@ -125,8 +129,7 @@ def _inputs():
 
 
 def _token_grad(name, cfg, logp, logp_old, adv, mask):
-  f = lambda lp: jnp.sum(rl.policy_loss(name, lp, logp_old, adv, mask,
-                                        cfg)[0])
+  f = lambda lp: jnp.sum(rl.policy_loss(name, lp, logp_old, adv, mask, cfg)[0])
   return np.asarray(jax.grad(f)(logp))[0]
 
 
@@ -146,11 +149,12 @@ def test_ppo_dual_clip():
   logp, logp_old, adv, mask = _inputs()
   cfg = rl.RLSpec(clip_eps_low=0.2, clip_eps_high=0.2, clip_c=3.0)
   loss, aux = rl.policy_loss("ppo", logp, logp_old, adv, mask, cfg)
-  obj = PPO_OBJ.copy(); obj[5] = -3.0          # floored at c*A
-  gobj = PPO_GRAD_OBJ.copy(); gobj[5] = 0.0
+  obj = PPO_OBJ.copy()
+  obj[5] = -3.0  # floored at c*A
+  gobj = PPO_GRAD_OBJ.copy()
+  gobj[5] = 0.0
   np.testing.assert_allclose(loss[0], -obj, rtol=1e-5, atol=1e-6)
-  np.testing.assert_array_equal(aux["dual_clipped_BxT"][0],
-                                [0, 0, 0, 0, 0, 1, 0, 0])
+  np.testing.assert_array_equal(aux["dual_clipped_BxT"][0], [0, 0, 0, 0, 0, 1, 0, 0])
   grad = _token_grad("ppo", cfg, logp, logp_old, adv, mask)
   np.testing.assert_allclose(grad, -gobj, rtol=1e-5, atol=1e-6)
   # dual clip only ever binds with A < 0: flipping signs removes it
@@ -163,8 +167,7 @@ def test_ppo_asymmetric_clip_higher():
   cfg = rl.RLSpec(clip_eps_low=0.2, clip_eps_high=0.28)
   logp = jnp.log(jnp.array([[1.25, 1.3, 0.79]]))
   adv = jnp.array([[1.0, 1.0, -1.0]])
-  loss, aux = rl.ppo_loss(logp, jnp.zeros_like(logp), adv,
-                          jnp.ones_like(logp), cfg)
+  loss, aux = rl.ppo_loss(logp, jnp.zeros_like(logp), adv, jnp.ones_like(logp), cfg)
   np.testing.assert_allclose(loss[0], [-1.25, -1.28, 0.8], rtol=1e-5)
   np.testing.assert_array_equal(aux["clipped_high_BxT"][0], [0, 1, 0])
   np.testing.assert_array_equal(aux["clipped_low_BxT"][0], [0, 0, 1])
@@ -187,11 +190,10 @@ def test_cispo_values_and_grad_vs_ppo():
   cfg = rl.RLSpec()
   loss, aux = rl.policy_loss("cispo", logp, logp_old, adv, mask, cfg)
   w = np.clip(R, 0.8, 1.2)
-  np.testing.assert_allclose(loss[0], -w * A * np.log(R), rtol=1e-5,
-                             atol=1e-6)
+  np.testing.assert_allclose(loss[0], -w * A * np.log(R), rtol=1e-5, atol=1e-6)
   g_cispo = _token_grad("cispo", cfg, logp, logp_old, adv, mask)
   g_ppo = _token_grad("ppo", cfg, logp, logp_old, adv, mask)
-  np.testing.assert_allclose(g_cispo, -w * A, rtol=1e-5)    # hand formula
+  np.testing.assert_allclose(g_cispo, -w * A, rtol=1e-5)  # hand formula
   inside = (R >= 0.8) & (R <= 1.2)
   ppo_clipped = (CLIP_LOW + CLIP_HIGH) > 0
   np.testing.assert_allclose(g_cispo[inside], g_ppo[inside], rtol=1e-5)
@@ -220,16 +222,14 @@ def test_on_policy_ratio_one_and_grad(name):
   rng = np.random.default_rng(1)
   logp = jnp.asarray(-rng.random((4, 6)) * 3, jnp.float32)
   adv = jnp.asarray(rng.normal(size=(4, 1)) * np.ones((1, 6)), jnp.float32)
-  mask = jnp.asarray([[1] * 6, [1] * 4 + [0] * 2, [1] * 1 + [0] * 5, [1] * 6],
-                     jnp.float32)
+  mask = jnp.asarray([[1] * 6, [1] * 4 + [0] * 2, [1] * 1 + [0] * 5, [1] * 6], jnp.float32)
   _, aux = rl.policy_loss(name, logp, logp, adv, mask, rl.RLSpec())
   assert np.all(np.asarray(aux["ratio_BxT"]) == 1.0)
   for mode in rl.AGGREGATIONS:
     w = rl.aggregation_weights(mask, mode, 4, float(mask.sum()), 6)
     f = lambda lp: jnp.sum(w * rl.policy_loss(name, lp, logp, adv, mask, rl.RLSpec())[0])
     g = jax.grad(f)(logp)
-    np.testing.assert_allclose(g, -np.asarray(adv) * np.asarray(w),
-                               rtol=1e-6, atol=1e-8)
+    np.testing.assert_allclose(g, -np.asarray(adv) * np.asarray(w), rtol=1e-6, atol=1e-8)
 
 
 def test_losses_finite_with_garbage_on_padding():
@@ -238,13 +238,15 @@ def test_losses_finite_with_garbage_on_padding():
   mask = jnp.array([[1.0, 0.0, 0.0]])
   adv = jnp.ones_like(logp)
   for name in rl.POLICY_LOSSES:
-    logp_ok = logp.at[0, 2].set(-3.0)   # logp itself must be finite for grad
+    logp_ok = logp.at[0, 2].set(-3.0)  # logp itself must be finite for grad
     loss, aux = rl.policy_loss(name, logp_ok, logp_old, adv, mask, rl.RLSpec())
     assert np.all(np.isfinite(loss)) and np.all(loss[0, 1:] == 0)
     for mode in rl.AGGREGATIONS:
-      g = jax.grad(lambda lp: rl.aggregate(
-          rl.policy_loss(name, lp, logp_old, adv, mask, rl.RLSpec())[0], mask, mode,
-          1, 1, 3))(logp_ok)
+      g = jax.grad(
+          lambda lp: rl.aggregate(
+              rl.policy_loss(name, lp, logp_old, adv, mask, rl.RLSpec())[0], mask, mode, 1, 1, 3
+          )
+      )(logp_ok)
       assert np.all(np.isfinite(g)) and np.all(g[0, 1:] == 0)
 
 
@@ -252,14 +254,14 @@ def test_losses_finite_with_garbage_on_padding():
 # GSPO: token form + seq_mean_token_mean == sequence-level objective
 # ---------------------------------------------------------------------------
 
+
 def _np_gspo_objective(logp, logp_old, adv_B, mask, lo, hi):
   """Sequence-level GSPO objective, written directly (float64 loops)."""
   b, t = logp.shape
   total = 0.0
   for i in range(b):
     n = sum(mask[i])
-    s = math.exp(sum(mask[i, j] * (logp[i, j] - logp_old[i, j])
-                     for j in range(t)) / n)
+    s = math.exp(sum(mask[i, j] * (logp[i, j] - logp_old[i, j]) for j in range(t)) / n)
     clipped = min(max(s, 1 - lo), 1 + hi)
     total += min(s * adv_B[i], clipped * adv_B[i])
   return total / b
@@ -284,11 +286,17 @@ def test_gspo_token_matches_sequence_gradient():
   assert expect_clip.sum() == 2 and (~expect_clip).sum() == 4  # both kinds
 
   def f(lp):
-    loss, _ = rl.policy_loss("gspo", lp, jnp.asarray(logp_old, jnp.float32),
-                             jnp.asarray(adv, jnp.float32),
-                             jnp.asarray(mask, jnp.float32), cfg)
-    return rl.aggregate(loss, jnp.asarray(mask, jnp.float32),
-                        "seq_mean_token_mean", b, mask.sum(), t)
+    loss, _ = rl.policy_loss(
+        "gspo",
+        lp,
+        jnp.asarray(logp_old, jnp.float32),
+        jnp.asarray(adv, jnp.float32),
+        jnp.asarray(mask, jnp.float32),
+        cfg,
+    )
+    return rl.aggregate(
+        loss, jnp.asarray(mask, jnp.float32), "seq_mean_token_mean", b, mask.sum(), t
+    )
 
   lp32 = jnp.asarray(logp, jnp.float32)
   val = float(f(lp32))
@@ -300,23 +308,29 @@ def test_gspo_token_matches_sequence_gradient():
   fd = np.zeros_like(logp)
   for i in range(b):
     for j in range(t):
-      e = np.zeros_like(logp); e[i, j] = h
-      fd[i, j] = -(_np_gspo_objective(logp + e, logp_old, adv_B, mask, lo, hi)
-                   - _np_gspo_objective(logp - e, logp_old, adv_B, mask, lo,
-                                        hi)) / (2 * h)
+      e = np.zeros_like(logp)
+      e[i, j] = h
+      fd[i, j] = -(
+          _np_gspo_objective(logp + e, logp_old, adv_B, mask, lo, hi)
+          - _np_gspo_objective(logp - e, logp_old, adv_B, mask, lo, hi)
+      ) / (2 * h)
   np.testing.assert_allclose(grad, fd, rtol=1e-4, atol=1e-6)
   assert np.all(grad[expect_clip] == 0.0)
   assert np.all(np.abs(grad[~expect_clip][mask[~expect_clip] > 0]) > 1e-3)
-  _, aux = rl.gspo_loss(lp32, jnp.asarray(logp_old, jnp.float32),
-                        jnp.asarray(adv, jnp.float32),
-                        jnp.asarray(mask, jnp.float32), cfg)
-  np.testing.assert_allclose(aux["ratio_BxT"],
-                             np.where(mask > 0, s[:, None], 1.0), rtol=1e-5)
+  _, aux = rl.gspo_loss(
+      lp32,
+      jnp.asarray(logp_old, jnp.float32),
+      jnp.asarray(adv, jnp.float32),
+      jnp.asarray(mask, jnp.float32),
+      cfg,
+  )
+  np.testing.assert_allclose(aux["ratio_BxT"], np.where(mask > 0, s[:, None], 1.0), rtol=1e-5)
 
 
 # ---------------------------------------------------------------------------
 # Aggregation
 # ---------------------------------------------------------------------------
+
 
 def _np_aggregate(loss, mask, mode, max_len):
   b, t = loss.shape
@@ -338,7 +352,7 @@ def _batch():
   rng = np.random.default_rng(3)
   b, t = 8, 7
   lengths = rng.integers(0, t + 1, size=b)
-  lengths[0] = 0                              # an empty row
+  lengths[0] = 0  # an empty row
   mask = (np.arange(t)[None, :] < lengths[:, None]).astype(np.float32)
   logp_old = (-rng.random((b, t)) * 2).astype(np.float32)
   logp = (logp_old + 0.3 * rng.normal(size=(b, t))).astype(np.float32)
@@ -351,8 +365,7 @@ def test_aggregate_vs_numpy(mode):
   logp, logp_old, adv, mask = _batch()
   loss = np.random.default_rng(4).normal(size=mask.shape).astype(np.float32)
   b, t = mask.shape
-  got = float(rl.aggregate(jnp.asarray(loss), jnp.asarray(mask), mode, b,
-                           mask.sum(), t))
+  got = float(rl.aggregate(jnp.asarray(loss), jnp.asarray(mask), mode, b, mask.sum(), t))
   want = _np_aggregate(loss.astype(np.float64), mask, mode, t)
   np.testing.assert_allclose(got, want, rtol=1e-5)
 
@@ -372,20 +385,19 @@ def test_microbatch_split_exact(mode, n_micro):
   mb = b // n_micro
   vals, grads = [], []
   for s in range(0, b, mb):
-    v, g = jax.value_and_grad(loss_fn)(logp[s:s + mb], logp_old[s:s + mb],
-                                       adv[s:s + mb], mask[s:s + mb])
-    vals.append(float(v)); grads.append(np.asarray(g))
+    v, g = jax.value_and_grad(loss_fn)(
+        logp[s : s + mb], logp_old[s : s + mb], adv[s : s + mb], mask[s : s + mb]
+    )
+    vals.append(float(v))
+    grads.append(np.asarray(g))
   np.testing.assert_allclose(sum(vals), float(full_val), rtol=1e-5, atol=1e-7)
-  np.testing.assert_allclose(np.concatenate(grads), full_grad, rtol=1e-6,
-                             atol=1e-8)
+  np.testing.assert_allclose(np.concatenate(grads), full_grad, rtol=1e-6, atol=1e-8)
 
 
 def test_aggregation_weights_hand_and_errors():
-  mask = jnp.array([[1.0, 1.0, 0.0, 0.0], [1.0, 1.0, 1.0, 1.0],
-                    [0.0, 0.0, 0.0, 0.0]])
+  mask = jnp.array([[1.0, 1.0, 0.0, 0.0], [1.0, 1.0, 1.0, 1.0], [0.0, 0.0, 0.0, 0.0]])
   w = rl.aggregation_weights(mask, "seq_mean_token_mean", 3, 6, 4)
-  np.testing.assert_allclose(w, [[1 / 6, 1 / 6, 0, 0], [1 / 12] * 4,
-                                 [0] * 4], rtol=1e-6)
+  np.testing.assert_allclose(w, [[1 / 6, 1 / 6, 0, 0], [1 / 12] * 4, [0] * 4], rtol=1e-6)
   w = rl.aggregation_weights(mask, "token_mean", 3, 6, 4)
   np.testing.assert_allclose(w, np.asarray(mask) / 6, rtol=1e-6)
   w = rl.aggregation_weights(mask, "seq_mean_token_sum_norm", 3, 6, 4)
@@ -403,6 +415,7 @@ def test_aggregation_weights_hand_and_errors():
 # KL penalty: exact enumeration and Monte Carlo
 # ---------------------------------------------------------------------------
 
+
 def _softmax(x):
   e = np.exp(x - x.max(-1, keepdims=True))
   return e / e.sum(-1, keepdims=True)
@@ -412,13 +425,15 @@ def test_kl_penalty_hand_numbers():
   logp = jnp.array([[math.log(0.5), math.log(0.2)]])
   logp_ref = jnp.array([[math.log(0.25), math.log(0.4)]])
   # k1 = log 2, log 0.5;  k3 = ref/p - 1 - log(ref/p) = 0.5-1+log2, 2-1-log2
-  np.testing.assert_allclose(rl.kl_penalty(logp, logp_ref, "k1"),
-                             [[math.log(2), -math.log(2)]], rtol=1e-6)
-  np.testing.assert_allclose(rl.kl_penalty(logp, logp_ref, "k3"),
-                             [[-0.5 + math.log(2), 1 - math.log(2)]],
-                             rtol=1e-5)
-  np.testing.assert_allclose(rl.kl_penalty(logp, logp_ref, "k2"),
-                             [[0.5 * math.log(2) ** 2] * 2], rtol=1e-5)
+  np.testing.assert_allclose(
+      rl.kl_penalty(logp, logp_ref, "k1"), [[math.log(2), -math.log(2)]], rtol=1e-6
+  )
+  np.testing.assert_allclose(
+      rl.kl_penalty(logp, logp_ref, "k3"), [[-0.5 + math.log(2), 1 - math.log(2)]], rtol=1e-5
+  )
+  np.testing.assert_allclose(
+      rl.kl_penalty(logp, logp_ref, "k2"), [[0.5 * math.log(2) ** 2] * 2], rtol=1e-5
+  )
   with pytest.raises(ValueError, match="k1"):
     rl.kl_penalty(logp, logp_ref, "k4")
 
@@ -439,8 +454,9 @@ def test_kl_penalty_exact_enumeration_sequences():
   ref_prob = np.array([ref1[a] * ref2[a, c] for a, c in seqs])
   kl_exact = float(np.sum(prob * np.log(prob / ref_prob)))
   for kind in ("k1", "k3"):
-    k = np.asarray(rl.kl_penalty(jnp.asarray(logp, jnp.float32),
-                                 jnp.asarray(logr, jnp.float32), kind))
+    k = np.asarray(
+        rl.kl_penalty(jnp.asarray(logp, jnp.float32), jnp.asarray(logr, jnp.float32), kind)
+    )
     np.testing.assert_allclose(np.sum(prob * k.sum(1)), kl_exact, rtol=1e-5)
   assert np.all(np.asarray(rl.kl_penalty(logp, logr, "k3")) >= 0)
 
@@ -454,9 +470,8 @@ def test_kl_penalty_monte_carlo():
   logp = jnp.asarray(np.log(p)[x][None], jnp.float32)
   logq = jnp.asarray(np.log(q)[x][None], jnp.float32)
   for kind in ("k1", "k3"):
-    vals_v = np.asarray(rl.kl_penalty(jnp.log(jnp.asarray(p)),
-                                      jnp.log(jnp.asarray(q)), kind))
-    sd = math.sqrt(np.sum(p * (vals_v - kl) ** 2))   # exact per-sample std
+    vals_v = np.asarray(rl.kl_penalty(jnp.log(jnp.asarray(p)), jnp.log(jnp.asarray(q)), kind))
+    sd = math.sqrt(np.sum(p * (vals_v - kl) ** 2))  # exact per-sample std
     est = float(jnp.mean(rl.kl_penalty(logp, logq, kind)))
     assert abs(est - kl) < 5 * sd / math.sqrt(n), (kind, est, kl)
 
@@ -464,6 +479,7 @@ def test_kl_penalty_monte_carlo():
 # ---------------------------------------------------------------------------
 # Entropy
 # ---------------------------------------------------------------------------
+
 
 def test_entropy_from_logits():
   rng = np.random.default_rng(7)
@@ -475,26 +491,26 @@ def test_entropy_from_logits():
       want[i, j] = -sum(pk * math.log(pk) for pk in p)
   got = rl.entropy_from_logits(jnp.asarray(logits, jnp.bfloat16))
   assert got.dtype == jnp.float32
-  np.testing.assert_allclose(rl.entropy_from_logits(jnp.asarray(logits)),
-                             want, rtol=1e-5)
+  np.testing.assert_allclose(rl.entropy_from_logits(jnp.asarray(logits)), want, rtol=1e-5)
   # uniform -> log V; huge logits stable; -inf entries contribute 0
-  np.testing.assert_allclose(rl.entropy_from_logits(jnp.zeros((1, 1, 8))),
-                             [[math.log(8)]], rtol=1e-6)
+  np.testing.assert_allclose(
+      rl.entropy_from_logits(jnp.zeros((1, 1, 8))), [[math.log(8)]], rtol=1e-6
+  )
   big = jnp.array([[[1e4, 1e4, -1e4]]])
-  np.testing.assert_allclose(rl.entropy_from_logits(big), [[math.log(2)]],
-                             rtol=1e-6)
+  np.testing.assert_allclose(rl.entropy_from_logits(big), [[math.log(2)]], rtol=1e-6)
   ninf = jnp.array([[[0.0, 0.0, -jnp.inf]]])
-  np.testing.assert_allclose(rl.entropy_from_logits(ninf), [[math.log(2)]],
-                             rtol=1e-6)
+  np.testing.assert_allclose(rl.entropy_from_logits(ninf), [[math.log(2)]], rtol=1e-6)
 
 
 # ---------------------------------------------------------------------------
 # GAE, value loss, terminal rewards
 # ---------------------------------------------------------------------------
 
+
 def _np_gae(rewards, values, mask, gamma, lam):
   b, t = rewards.shape
-  adv = np.zeros((b, t)); ret = np.zeros((b, t))
+  adv = np.zeros((b, t))
+  ret = np.zeros((b, t))
   for i in range(b):
     idx = [j for j in range(t) if mask[i, j] > 0]
     last_adv = 0.0
@@ -514,14 +530,11 @@ def test_gae_vs_loop(gamma, lam):
   b, t = 5, 7
   lengths = np.array([7, 3, 1, 0, 5])
   mask = (np.arange(t)[None] < lengths[:, None]).astype(np.float32)
-  mask[4, 2] = 0.0                            # a gap inside a rollout
+  mask[4, 2] = 0.0  # a gap inside a rollout
   values = rng.normal(size=(b, t)).astype(np.float32)
-  rewards = (rng.normal(size=(b, t)) * (rng.random((b, t)) < 0.3)
-             ).astype(np.float32)
-  adv, ret = rl.gae(jnp.asarray(rewards), jnp.asarray(values),
-                    jnp.asarray(mask), gamma, lam)
-  want_adv, want_ret = _np_gae(rewards.astype(np.float64), values, mask,
-                               gamma, lam)
+  rewards = (rng.normal(size=(b, t)) * (rng.random((b, t)) < 0.3)).astype(np.float32)
+  adv, ret = rl.gae(jnp.asarray(rewards), jnp.asarray(values), jnp.asarray(mask), gamma, lam)
+  want_adv, want_ret = _np_gae(rewards.astype(np.float64), values, mask, gamma, lam)
   np.testing.assert_allclose(adv, want_adv, rtol=1e-5, atol=1e-5)
   np.testing.assert_allclose(ret, want_ret, rtol=1e-5, atol=1e-5)
 
@@ -533,8 +546,7 @@ def test_gae_gamma_lam_one_is_reward_to_go():
   values = jnp.array([[0.5, 1.0, 1.5, 9.0], [0.1, 0.2, 9.0, 9.0]])
   adv, ret = rl.gae(r, values, jnp.asarray(mask), 1.0, 1.0)
   np.testing.assert_allclose(ret, [[2, 2, 2, 0], [-1, -1, 0, 0]], rtol=1e-6)
-  np.testing.assert_allclose(adv, [[1.5, 1.0, 0.5, 0], [-1.1, -1.2, 0, 0]],
-                             rtol=1e-6)
+  np.testing.assert_allclose(adv, [[1.5, 1.0, 0.5, 0], [-1.1, -1.2, 0, 0]], rtol=1e-6)
 
 
 def test_terminal_rewards_to_tokens_edge_cases():
@@ -547,22 +559,22 @@ def test_value_loss():
   v = jnp.array([[1.0, 2.0, 0.0]])
   ret = jnp.array([[0.0, 2.5, 7.0]])
   mask = jnp.array([[1.0, 1.0, 0.0]])
-  np.testing.assert_allclose(rl.value_loss(v, ret, mask),
-                             [[0.5, 0.125, 0.0]], rtol=1e-6)
+  np.testing.assert_allclose(rl.value_loss(v, ret, mask), [[0.5, 0.125, 0.0]], rtol=1e-6)
   old = jnp.array([[0.0, 2.4, 0.0]])
   # token 0: v_clip = 0 + clip(1, -.2, .2) = 0.2 -> 0.5*0.04 = 0.02;
   #   max(0.5, 0.02) = 0.5.  token 1: v_clip = 2.4 + clip(-.4) = 2.2
   #   -> 0.5*0.09 = 0.045; max(0.125, 0.045) = 0.125
-  np.testing.assert_allclose(rl.value_loss(v, ret, mask, old, 0.2),
-                             [[0.5, 0.125, 0.0]], rtol=1e-6)
+  np.testing.assert_allclose(rl.value_loss(v, ret, mask, old, 0.2), [[0.5, 0.125, 0.0]], rtol=1e-6)
   # a case where the clipped branch wins: v=3, old=2, ret=4 ->
-  v2 = jnp.array([[3.0]]); ret2 = jnp.array([[4.0]]); old2 = jnp.array([[2.0]])
+  v2 = jnp.array([[3.0]])
+  ret2 = jnp.array([[4.0]])
+  old2 = jnp.array([[2.0]])
   # v_clip = 2.2: 0.5*1.8^2 = 1.62 > 0.5*1 = 0.5
-  np.testing.assert_allclose(rl.value_loss(v2, ret2, jnp.ones((1, 1)), old2,
-                                           0.2), [[1.62]], rtol=1e-5)
-  g = jax.grad(lambda x: jnp.sum(rl.value_loss(x, ret2, jnp.ones((1, 1)),
-                                               old2, 0.2)))(v2)
-  assert float(g[0, 0]) == 0.0               # clipped branch: no gradient
+  np.testing.assert_allclose(
+      rl.value_loss(v2, ret2, jnp.ones((1, 1)), old2, 0.2), [[1.62]], rtol=1e-5
+  )
+  g = jax.grad(lambda x: jnp.sum(rl.value_loss(x, ret2, jnp.ones((1, 1)), old2, 0.2)))(v2)
+  assert float(g[0, 0]) == 0.0  # clipped branch: no gradient
   with pytest.raises(ValueError, match="old_values"):
     rl.value_loss(v, ret, mask, clip=0.2)
 

@@ -1,4 +1,5 @@
 """``RunState`` is the checkpoint: it round-trips through one exactly."""
+
 import dataclasses
 import math
 
@@ -22,8 +23,15 @@ def _state(decay=0.9, moved=True):
   ema, ema_adam = noise_tracker.NoiseEMA(decay), noise_tracker.NoiseEMA(decay)
   rng = np.random.default_rng(0)
   for _ in range(5):
-    ema.update(dict(trace_intra=rng.uniform(90, 110), trace_inter=rng.uniform(1, 2),
-                    g2=rng.uniform(0.5, 1.5)), 8, 4)
+    ema.update(
+        dict(
+            trace_intra=rng.uniform(90, 110),
+            trace_inter=rng.uniform(1, 2),
+            g2=rng.uniform(0.5, 1.5),
+        ),
+        8,
+        4,
+    )
     ema_adam.update(dict(trace_intra=1.0, trace_inter=0.1, g2=0.2), 8, 4)
   ctl = controller.AdaptiveBatch(4, 8, 64, every=2, prompts=8)
   if moved:
@@ -35,21 +43,32 @@ def _state(decay=0.9, moved=True):
   log.add_split(100.0, 1.5, 0.75)
   log.add_split(101.0, 1.25, float("nan"))  # not a number: left out
   return run_state.RunState(
-      params=params, opt_state=opt_state, history=[jax.tree.map(lambda x: x + 1, params)],
-      counters=run_state.Counters(round=4, step=8, rollouts_seen=128, skipped_updates=1,
-                                  seconds=3.5, base_pass_rate=0.25),
-      noise=ema, noise_adam=ema_adam, controller=ctl, log=log)
+      params=params,
+      opt_state=opt_state,
+      history=[jax.tree.map(lambda x: x + 1, params)],
+      counters=run_state.Counters(
+          round=4, step=8, rollouts_seen=128, skipped_updates=1, seconds=3.5, base_pass_rate=0.25
+      ),
+      noise=ema,
+      noise_adam=ema_adam,
+      controller=ctl,
+      log=log,
+  )
 
 
 def _fresh(saved: run_state.RunState) -> run_state.RunState:
   """What start_run builds before a restore: same shapes, fresh records."""
   zero = jax.tree.map(jnp.zeros_like, saved.arrays())
   return run_state.RunState(
-      params=zero["params"], opt_state=zero["opt_state"], history=zero["history"],
-      counters=run_state.Counters(), noise=noise_tracker.NoiseEMA(saved.noise.decay),
+      params=zero["params"],
+      opt_state=zero["opt_state"],
+      history=zero["history"],
+      counters=run_state.Counters(),
+      noise=noise_tracker.NoiseEMA(saved.noise.decay),
       noise_adam=noise_tracker.NoiseEMA(saved.noise.decay),
       controller=controller.AdaptiveBatch(4, 8, 64, every=2, prompts=8),
-      log=run_state.RunLog())
+      log=run_state.RunLog(),
+  )
 
 
 def test_run_state_round_trips_through_a_checkpoint(tmp_path):
@@ -63,8 +82,9 @@ def test_run_state_round_trips_through_a_checkpoint(tmp_path):
   got = run_state.restore(ck, 4, _fresh(saved))
   ck.close()
   for a, b in zip(jax.tree.leaves(saved.arrays()), jax.tree.leaves(got.arrays())):
-    assert a.dtype == b.dtype and np.array_equal(np.asarray(a, np.float32),
-                                                 np.asarray(b, np.float32))
+    assert a.dtype == b.dtype and np.array_equal(
+        np.asarray(a, np.float32), np.asarray(b, np.float32)
+    )
   assert jax.tree.structure(saved.arrays()) == jax.tree.structure(got.arrays())
   assert got.counters == saved.counters
   assert got.log == saved.log

@@ -7,6 +7,7 @@ forward every step; and the empirical frequency of many sampled tokens
 against the exact probabilities (chi-square and a per-token 5-sigma bound).
 Tiny model (d_model 32, 2 layers, vocab 20).
 """
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -17,6 +18,7 @@ from cbs_jax import model, sampling, scoring
 
 from tiny import VOCAB
 from tiny import tiny_config as _tiny_config
+
 PAD = 0
 
 
@@ -75,8 +77,13 @@ def eos(tiny):
   for the whole module keeps the number of compiled samplers small."""
   gd, params = tiny
   toks, mask = mixed_batch()
-  lg = _fwd(gd, params, jnp.asarray(toks), scoring.positions_from_mask(jnp.asarray(mask)),
-            jnp.asarray(mask)).logits[:, -1]
+  lg = _fwd(
+      gd,
+      params,
+      jnp.asarray(toks),
+      scoring.positions_from_mask(jnp.asarray(mask)),
+      jnp.asarray(mask),
+  ).logits[:, -1]
   p = np.asarray(jax.nn.softmax(lg, -1)).mean(0)
   p[PAD] = 0
   return int(np.argmax(p))
@@ -85,6 +92,7 @@ def eos(tiny):
 # ---------------------------------------------------------------------------
 # process_logits against numpy
 # ---------------------------------------------------------------------------
+
 
 def np_process(logits, temperature=1.0, top_k=0, top_p=1.0):
   """Float64 reference: probabilities after temperature, then top-k (ties with
@@ -118,15 +126,31 @@ def np_process(logits, temperature=1.0, top_k=0, top_p=1.0):
   return out
 
 
-@pytest.mark.parametrize("temperature,top_k,top_p", [
-    (1.0, 0, 1.0), (0.5, 0, 1.0), (2.0, 0, 1.0), (1.0, 3, 1.0), (1.0, 1, 1.0),
-    (1.0, 0, 0.6), (1.0, 0, 0.05), (0.7, 5, 0.8), (1.3, 4, 0.9), (1.0, VOCAB, 1.0),
-])
+@pytest.mark.parametrize(
+    "temperature,top_k,top_p",
+    [
+        (1.0, 0, 1.0),
+        (0.5, 0, 1.0),
+        (2.0, 0, 1.0),
+        (1.0, 3, 1.0),
+        (1.0, 1, 1.0),
+        (1.0, 0, 0.6),
+        (1.0, 0, 0.05),
+        (0.7, 5, 0.8),
+        (1.3, 4, 0.9),
+        (1.0, VOCAB, 1.0),
+    ],
+)
 def test_process_logits_matches_numpy(temperature, top_k, top_p):
   logits = np.random.default_rng(0).normal(size=(6, VOCAB)) * 2.0
-  got = np.exp(np.asarray(scoring.process_logits(
-      jnp.asarray(logits, jnp.float32), scoring.SamplingSpec(temperature, top_k, top_p)),
-      np.float64))
+  got = np.exp(
+      np.asarray(
+          scoring.process_logits(
+              jnp.asarray(logits, jnp.float32), scoring.SamplingSpec(temperature, top_k, top_p)
+          ),
+          np.float64,
+      )
+  )
   want = np_process(logits.astype(np.float32), temperature, top_k, top_p)
   np.testing.assert_allclose(got, want, atol=2e-6, rtol=0)
   np.testing.assert_allclose(got.sum(-1), 1.0, atol=1e-5)
@@ -145,6 +169,7 @@ def test_process_logits_keeps_ties():
 # Behaviour log-probs == teacher-forced score
 # ---------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("temperature,top_k,top_p", [(1.0, 0, 1.0), (0.7, 5, 0.8)])
 def test_behaviour_logprobs_equal_score(tiny, eos, temperature, top_k, top_p):
   gd, params = tiny
@@ -156,8 +181,15 @@ def test_behaviour_logprobs_equal_score(tiny, eos, temperature, top_k, top_p):
   assert (out.lengths < n_new).any(), out.lengths
   assert (out.lengths == n_new).any() or (out.lengths < n_new).all()
   assert len(set(out.lengths.tolist())) > 1, out.lengths
-  sc = _score(gd, params, jnp.asarray(toks), jnp.asarray(mask),
-                      jnp.asarray(out.tokens), jnp.asarray(out.mask), **proc)
+  sc = _score(
+      gd,
+      params,
+      jnp.asarray(toks),
+      jnp.asarray(mask),
+      jnp.asarray(out.tokens),
+      jnp.asarray(out.mask),
+      **proc,
+  )
   diff = np.abs(np.asarray(sc.logprobs) - out.logprobs)
   assert diff.max() <= 1e-4, diff.max()
   assert np.all(out.logprobs[out.mask == 0] == 0.0)
@@ -175,19 +207,24 @@ def test_score_values_with_value_head():
   comp = rng.integers(0, VOCAB, (toks.shape[0], 6)).astype(np.int32)
   lengths = rng.integers(1, 7, toks.shape[0])
   cmask = (np.arange(6)[None] < lengths[:, None]).astype(np.float32)
-  sc = _score(gd, params, jnp.asarray(toks), jnp.asarray(mask), jnp.asarray(comp),
-              jnp.asarray(cmask))
+  sc = _score(
+      gd, params, jnp.asarray(toks), jnp.asarray(mask), jnp.asarray(comp), jnp.asarray(cmask)
+  )
   assert sc.values.shape == comp.shape
   full_tokens = np.concatenate([toks, comp], 1)
   full_mask = np.concatenate([mask, cmask > 0], 1)
-  o = model.apply(gd, params, jnp.asarray(full_tokens),
-                  scoring.positions_from_mask(jnp.asarray(full_mask)),
-                  jnp.asarray(full_mask))
+  o = model.apply(
+      gd,
+      params,
+      jnp.asarray(full_tokens),
+      scoring.positions_from_mask(jnp.asarray(full_mask)),
+      jnp.asarray(full_mask),
+  )
   Tp = toks.shape[1]
   # the value "before" completion token t is read at the position before it
-  np.testing.assert_allclose(np.asarray(sc.values),
-                             np.asarray(o.values[:, Tp - 1:Tp - 1 + comp.shape[1]]),
-                             atol=1e-6)
+  np.testing.assert_allclose(
+      np.asarray(sc.values), np.asarray(o.values[:, Tp - 1 : Tp - 1 + comp.shape[1]]), atol=1e-6
+  )
 
 
 def test_greedy_equals_naive_full_recompute(tiny):
@@ -200,8 +237,13 @@ def test_greedy_equals_naive_full_recompute(tiny):
   bmask = np.concatenate([mask, np.zeros((B, n_new), bool)], 1)
   fwd = jax.jit(model.apply, static_argnums=0)
   for t in range(n_new):
-    lg = fwd(gd, params, jnp.asarray(buf), scoring.positions_from_mask(jnp.asarray(bmask)),
-             jnp.asarray(bmask)).logits
+    lg = fwd(
+        gd,
+        params,
+        jnp.asarray(buf),
+        scoring.positions_from_mask(jnp.asarray(bmask)),
+        jnp.asarray(bmask),
+    ).logits
     buf[:, Tp + t] = np.argmax(np.asarray(lg[:, Tp + t - 1]), -1)
     bmask[:, Tp + t] = True
   unused = [v for v in range(VOCAB) if v not in buf[:, Tp:]]
@@ -214,8 +256,11 @@ def test_greedy_equals_naive_full_recompute(tiny):
   # Staggered early exit: an EOS that every row's greedy path reaches in its
   # first few tokens, at different steps; the sampler must stop each row there.
   greedy = buf[:, Tp:]
-  first = [min([t for t in range(n_new) if greedy[i, t] == v], default=n_new)
-           for v in range(VOCAB) for i in range(B)]
+  first = [
+      min([t for t in range(n_new) if greedy[i, t] == v], default=n_new)
+      for v in range(VOCAB)
+      for i in range(B)
+  ]
   first = np.array(first).reshape(VOCAB, B)
   v = int(np.argmin(first.max(1)))
   hit = first[v] < n_new
@@ -247,6 +292,7 @@ def test_generation_independent_of_padding(tiny, eos):
 # Masks, lengths, EOS, early exit
 # ---------------------------------------------------------------------------
 
+
 def _check_well_formed(out, eos, pad, n_new):
   B = out.tokens.shape[0]
   assert out.tokens.shape == out.mask.shape == out.logprobs.shape == (B, n_new)
@@ -277,8 +323,9 @@ def test_early_exit_all_stop_at_once(tiny):
   gd, params = tiny
   prompt = random_prompts([5], seed=4)
   t, m = sampling.left_pad(prompt * len(MIXED), max(MIXED), PAD)
-  lg = _fwd(gd, params, jnp.asarray(t), scoring.positions_from_mask(jnp.asarray(m)),
-            jnp.asarray(m)).logits
+  lg = _fwd(
+      gd, params, jnp.asarray(t), scoring.positions_from_mask(jnp.asarray(m)), jnp.asarray(m)
+  ).logits
   eos = int(np.argmax(np.asarray(lg[0, -1])))  # the greedy first token
   n_new = N_NEW
   out = gen(gd, params, t, m, max_new_tokens=n_new, eos_id=eos, top_k=1)
@@ -291,6 +338,7 @@ def test_early_exit_all_stop_at_once(tiny):
 # ---------------------------------------------------------------------------
 # Keys
 # ---------------------------------------------------------------------------
+
 
 def test_deterministic_for_key_and_keys_differ(tiny, eos):
   gd, params = tiny
@@ -312,18 +360,27 @@ def test_deterministic_for_key_and_keys_differ(tiny, eos):
 N_SAMPLES = 20_000
 
 
-@pytest.mark.parametrize("temperature,top_k,top_p", [
-    (1.0, 0, 1.0), (0.5, 0, 1.0), (1.0, 3, 1.0), (1.0, 0, 0.6)])
+@pytest.mark.parametrize(
+    "temperature,top_k,top_p", [(1.0, 0, 1.0), (0.5, 0, 1.0), (1.0, 3, 1.0), (1.0, 0, 0.6)]
+)
 def test_first_token_frequencies(tiny, temperature, top_k, top_p):
   gd, params = tiny
   prompt = [3, 7, 1, 12, 5]
   t, m = sampling.left_pad([prompt], len(prompt), PAD)
-  logits = np.asarray(model.apply(gd, params, jnp.asarray(t),
-                                  scoring.positions_from_mask(jnp.asarray(m)),
-                                  jnp.asarray(m)).logits[0, -1])
+  logits = np.asarray(
+      model.apply(
+          gd, params, jnp.asarray(t), scoring.positions_from_mask(jnp.asarray(m)), jnp.asarray(m)
+      ).logits[0, -1]
+  )
   probs = np_process(logits, temperature, top_k, top_p)  # independent, float64
-  proc = np.exp(np.asarray(scoring.process_logits(
-      jnp.asarray(logits), scoring.SamplingSpec(temperature, top_k, top_p)), np.float64))
+  proc = np.exp(
+      np.asarray(
+          scoring.process_logits(
+              jnp.asarray(logits), scoring.SamplingSpec(temperature, top_k, top_p)
+          ),
+          np.float64,
+      )
+  )
   np.testing.assert_allclose(proc, probs, atol=2e-6)
   support = probs > 0
   if top_k:
@@ -333,8 +390,18 @@ def test_first_token_frequencies(tiny, temperature, top_k, top_p):
     assert probs[support].sum() == pytest.approx(1.0)
 
   tb, mb = np.repeat(t, N_SAMPLES, 0), np.repeat(m, N_SAMPLES, 0)
-  out = gen(gd, params, tb, mb, key=2024, max_new_tokens=1, eos_id=3,
-            temperature=temperature, top_k=top_k, top_p=top_p)
+  out = gen(
+      gd,
+      params,
+      tb,
+      mb,
+      key=2024,
+      max_new_tokens=1,
+      eos_id=3,
+      temperature=temperature,
+      top_k=top_k,
+      top_p=top_p,
+  )
   counts = np.bincount(out.tokens[:, 0], minlength=VOCAB)
   n = counts.sum()
   assert n == N_SAMPLES
@@ -355,13 +422,13 @@ def test_first_token_frequencies(tiny, temperature, top_k, top_p):
   _, pval = stats.chisquare(obs, exp_counts * obs.sum() / exp_counts.sum())
   assert pval > 1e-3, pval
   # the behaviour log-probs are those of this distribution
-  np.testing.assert_allclose(out.logprobs[:, 0], np.log(probs[out.tokens[:, 0]]),
-                             atol=1e-4)
+  np.testing.assert_allclose(out.logprobs[:, 0], np.log(probs[out.tokens[:, 0]]), atol=1e-4)
 
 
 # ---------------------------------------------------------------------------
 # Bad input
 # ---------------------------------------------------------------------------
+
 
 def test_bad_inputs_raise(tiny, eos):
   gd, params = tiny
@@ -373,7 +440,7 @@ def test_bad_inputs_raise(tiny, eos):
     with pytest.raises(ValueError, match=match):
       sampling.generate(gd, params, t, mask, key, **spec_kw({**ok, **kw}))
 
-  bad("max_len", max_new_tokens=17)             # 8 + 17 > 24
+  bad("max_len", max_new_tokens=17)  # 8 + 17 > 24
   bad("max_new_tokens", max_new_tokens=0)
   bad("max_new_tokens", max_new_tokens=-3)
   bad("top_p", top_p=0.0)
@@ -401,24 +468,28 @@ def test_bad_inputs_raise(tiny, eos):
 
 def test_positions_from_mask():
   m = jnp.array([[0, 0, 1, 1, 1], [1, 1, 1, 1, 1], [0, 0, 0, 0, 1]], bool)
-  np.testing.assert_array_equal(np.asarray(scoring.positions_from_mask(m))[np.asarray(m)],
-                                [0, 1, 2, 0, 1, 2, 3, 4, 0])
+  np.testing.assert_array_equal(
+      np.asarray(scoring.positions_from_mask(m))[np.asarray(m)], [0, 1, 2, 0, 1, 2, 3, 4, 0]
+  )
 
 
 # ---------------------------------------------------------------------------
 # Special ids, masked positions and empty prompts
 # ---------------------------------------------------------------------------
 
+
 def test_special_ids_validated_and_score_finite(tiny):
   gd, params = tiny
   t, m = sampling.left_pad([[3, 4]], 2, PAD)
   key = jax.random.key(0)
   with pytest.raises(ValueError, match="pad_id"):
-    sampling.generate(gd, params, t, m, key, max_new_tokens=1, eos_id=3, pad_id=VOCAB,
-                      spec=scoring.SamplingSpec())
+    sampling.generate(
+        gd, params, t, m, key, max_new_tokens=1, eos_id=3, pad_id=VOCAB, spec=scoring.SamplingSpec()
+    )
   with pytest.raises(ValueError, match="eos_id"):
-    sampling.generate(gd, params, t, m, key, max_new_tokens=1, eos_id=-1, pad_id=PAD,
-                      spec=scoring.SamplingSpec())
+    sampling.generate(
+        gd, params, t, m, key, max_new_tokens=1, eos_id=-1, pad_id=PAD, spec=scoring.SamplingSpec()
+    )
 
 
 def test_score_masked_positions_are_zero_whatever_the_token(tiny):
@@ -426,8 +497,7 @@ def test_score_masked_positions_are_zero_whatever_the_token(tiny):
   t, m = sampling.left_pad([[3, 4, 5]], 3, PAD)
   comp = np.array([[2, VOCAB, VOCAB]], np.int32)
   cmask = np.array([[1.0, 0.0, 0.0]], np.float32)
-  sc = _score(gd, params, jnp.asarray(t), jnp.asarray(m), jnp.asarray(comp),
-              jnp.asarray(cmask))
+  sc = _score(gd, params, jnp.asarray(t), jnp.asarray(m), jnp.asarray(comp), jnp.asarray(cmask))
   np.testing.assert_array_equal(np.asarray(sc.logprobs)[0, 1:], 0.0)
 
 
@@ -438,14 +508,16 @@ def test_empty_prompt_rejected_or_consistent(tiny):
     out = gen(gd, params, t, m, max_new_tokens=2, eos_id=1)
   except ValueError:
     return  # rejecting an empty prompt is a fine answer
-  sc = _score(gd, params, jnp.asarray(t), jnp.asarray(m), jnp.asarray(out.tokens),
-              jnp.asarray(out.mask))
+  sc = _score(
+      gd, params, jnp.asarray(t), jnp.asarray(m), jnp.asarray(out.tokens), jnp.asarray(out.mask)
+  )
   assert np.abs(np.asarray(sc.logprobs) - out.logprobs).max() <= 1e-4
 
 
 # ---------------------------------------------------------------------------
 # No early stop, length buckets, the jitted entry point, inverse-CDF sampling
 # ---------------------------------------------------------------------------
+
 
 def test_no_eos_runs_every_row_to_the_end_and_matches_score(tiny):
   gd, params = tiny
@@ -454,14 +526,22 @@ def test_no_eos_runs_every_row_to_the_end_and_matches_score(tiny):
   B = toks.shape[0]
   np.testing.assert_array_equal(out.mask, np.ones((B, N_NEW), np.float32))
   np.testing.assert_array_equal(out.lengths, N_NEW)
-  sc = _score(gd, params, jnp.asarray(toks), jnp.asarray(mask), jnp.asarray(out.tokens),
-              jnp.asarray(out.mask))
+  sc = _score(
+      gd,
+      params,
+      jnp.asarray(toks),
+      jnp.asarray(mask),
+      jnp.asarray(out.tokens),
+      jnp.asarray(out.mask),
+  )
   np.testing.assert_allclose(np.asarray(sc.logprobs), out.logprobs, atol=1e-4)
   # the jitted entry point is the same computation without the host checks
-  fn = sampling.make_sampler(gd, max_new_tokens=N_NEW, eos_id=None, pad_id=PAD,
-                             spec=scoring.SamplingSpec())
-  direct = jax.tree.map(np.asarray, fn(params, jnp.asarray(toks), jnp.asarray(mask),
-                                       jax.random.key(3)))
+  fn = sampling.make_sampler(
+      gd, max_new_tokens=N_NEW, eos_id=None, pad_id=PAD, spec=scoring.SamplingSpec()
+  )
+  direct = jax.tree.map(
+      np.asarray, fn(params, jnp.asarray(toks), jnp.asarray(mask), jax.random.key(3))
+  )
   np.testing.assert_array_equal(direct.tokens, out.tokens)
   np.testing.assert_array_equal(direct.logprobs, out.logprobs)
 
@@ -474,8 +554,10 @@ def test_length_buckets_do_not_change_samples(tiny, eos, eos_id):
   gd, params = tiny
   toks, mask = mixed_batch(seed=8)
   e = eos if eos_id == "eos" else None
-  outs = [gen(gd, params, toks, mask, key=9, max_new_tokens=N_NEW, eos_id=e,
-              decode_segments=n) for n in (1, 3, N_NEW)]
+  outs = [
+      gen(gd, params, toks, mask, key=9, max_new_tokens=N_NEW, eos_id=e, decode_segments=n)
+      for n in (1, 3, N_NEW)
+  ]
   assert sampling.segment_bounds(N_NEW, 1) == (N_NEW,)
   assert sampling.segment_bounds(N_NEW, N_NEW) == tuple(range(1, N_NEW + 1))
   assert sampling.segment_bounds(N_NEW, 3) == (4, 8, 12)
@@ -504,17 +586,23 @@ def test_tokens_from_uniform_is_the_inverse_cdf():
   rng = np.random.default_rng(0)
   logits = rng.normal(size=(3, VOCAB)).astype(np.float32)
   logits[1, -5:] = -1e30  # masked tail: u near 1 must not land there
-  logits[2, :4] = -1e30   # masked head: u = 0 must not land there
+  logits[2, :4] = -1e30  # masked head: u = 0 must not land there
   logp = np.asarray(jax.nn.log_softmax(jnp.asarray(logits), -1))
-  u = np.concatenate([np.linspace(0, 1, 2001, endpoint=False),
-                      [np.nextafter(np.float32(1), np.float32(0))]]).astype(np.float32)
-  got = np.asarray(sampling.tokens_from_uniform(
-      jnp.asarray(np.repeat(u[None, :, None], 3, 0)), jnp.asarray(logp)[:, None, :]))
+  u = np.concatenate(
+      [np.linspace(0, 1, 2001, endpoint=False), [np.nextafter(np.float32(1), np.float32(0))]]
+  ).astype(np.float32)
+  got = np.asarray(
+      sampling.tokens_from_uniform(
+          jnp.asarray(np.repeat(u[None, :, None], 3, 0)), jnp.asarray(logp)[:, None, :]
+      )
+  )
   p64 = np.exp(logp.astype(np.float64))
   cdf = np.cumsum(p64 / p64.sum(-1, keepdims=True), -1)
   for r in range(3):
-    want = np.minimum(np.searchsorted(cdf[r], u.astype(np.float64), side="right"),
-                      np.flatnonzero(p64[r] > 0).max())
+    want = np.minimum(
+        np.searchsorted(cdf[r], u.astype(np.float64), side="right"),
+        np.flatnonzero(p64[r] > 0).max(),
+    )
     # float32 vs float64 CDFs can differ right at a boundary: allow a few grid points
     assert (got[r] != want).sum() <= 3, np.flatnonzero(got[r] != want)
     assert np.all(p64[r][got[r]] > 0)

@@ -1,4 +1,5 @@
 """The committed SFT config: loss falls and the base lands in the pass-rate band."""
+
 import os
 
 import pytest

@@ -6,6 +6,7 @@ with the exact message that validate gave for them then (recorded from that
 code). Both ``config.validate`` and the spec's constructor must reject each
 with that message: the checks live in one place and moved unchanged.
 """
+
 import dataclasses
 
 import jax
@@ -23,11 +24,19 @@ nan = float("nan")
 INVALID = [
     ("rl.algo", "nope", "config.rl.algo='nope' is not one of ['grpo', 'ppo']"),
     ("rl.algo", None, "config.rl.algo=None is not one of ['grpo', 'ppo']"),
-    ("rl.advantage", "nope", "config.rl.advantage='nope' is not one of "
-     "['grpo', 'drgrpo', 'rloo', 'batch_std', 'gae']"),
+    (
+        "rl.advantage",
+        "nope",
+        "config.rl.advantage='nope' is not one of "
+        "['grpo', 'drgrpo', 'rloo', 'batch_std', 'gae']",
+    ),
     ("rl.loss", "ppo2", "config.rl.loss='ppo2' is not one of ['ppo', 'cispo', 'pg', 'gspo']"),
-    ("rl.aggregation", "mean", "config.rl.aggregation='mean' is not one of "
-     "['token_mean', 'seq_mean_token_mean', 'seq_mean_token_sum_norm']"),
+    (
+        "rl.aggregation",
+        "mean",
+        "config.rl.aggregation='mean' is not one of "
+        "['token_mean', 'seq_mean_token_mean', 'seq_mean_token_sum_norm']",
+    ),
     ("rl.kl_estimator", "k4", "config.rl.kl_estimator='k4' is not one of ['k1', 'k2', 'k3']"),
     ("rl.adv_std_ddof", 2, "config.rl.adv_std_ddof=2 is not one of [0, 1]"),
     ("rl.adv_std_ddof", -1, "config.rl.adv_std_ddof=-1 is not one of [0, 1]"),
@@ -103,10 +112,24 @@ def test_every_spec_field_is_a_config_field_with_its_default():
 
 def test_from_config_reads_every_field():
   c = config_lib.base_config()
-  over = dict(algo="ppo", advantage="gae", adv_eps=1e-3, adv_std_ddof=1, adv_whiten=False,
-              loss="cispo", clip_eps_low=0.3, clip_eps_high=0.28, clip_c=3.0,
-              aggregation="seq_mean_token_sum_norm", kl_beta=0.04, kl_estimator="k2",
-              gamma=0.99, lam=0.9, vf_coef=0.25, value_clip=0.2)
+  over = dict(
+      algo="ppo",
+      advantage="gae",
+      adv_eps=1e-3,
+      adv_std_ddof=1,
+      adv_whiten=False,
+      loss="cispo",
+      clip_eps_low=0.3,
+      clip_eps_high=0.28,
+      clip_c=3.0,
+      aggregation="seq_mean_token_sum_norm",
+      kl_beta=0.04,
+      kl_estimator="k2",
+      gamma=0.99,
+      lam=0.9,
+      vf_coef=0.25,
+      value_clip=0.2,
+  )
   assert set(over) == set(c.rl)
   for k, v in over.items():
     c.rl[k] = v
@@ -124,7 +147,8 @@ def test_specs_are_frozen_hashable_and_normalised():
   assert all(type(i) is int for i in a.suppress_ids)
   r = rl.RLSpec(clip_c=3, gamma=1, adv_std_ddof=1)
   assert r == rl.RLSpec(clip_c=3.0, gamma=1.0, adv_std_ddof=1) and hash(r) == hash(
-      rl.RLSpec(clip_c=3.0, gamma=1.0, adv_std_ddof=1))
+      rl.RLSpec(clip_c=3.0, gamma=1.0, adv_std_ddof=1)
+  )
   assert type(r.clip_c) is float and type(r.gamma) is float
   with pytest.raises(dataclasses.FrozenInstanceError):
     b.temperature = 2.0
@@ -168,11 +192,11 @@ def test_process_logits_under_a_static_spec_against_numpy():
   """The spec as a static jit argument: equal specs share one compile, and the
   processed distribution is softmax(x / T) over the ids not suppressed."""
   traces = []
-  fn = jax.jit(lambda x, spec: (traces.append(spec), scoring.process_logits(x, spec))[1],
-               static_argnums=1)
+  fn = jax.jit(
+      lambda x, spec: (traces.append(spec), scoring.process_logits(x, spec))[1], static_argnums=1
+  )
   x = np.random.default_rng(0).normal(size=(3, 7)).astype(np.float32) * 2
-  for spec in (scoring.SamplingSpec(0.5, 0, 1.0, (0, 4)),
-               scoring.SamplingSpec(0.5, 0, 1, [0, 4])):
+  for spec in (scoring.SamplingSpec(0.5, 0, 1.0, (0, 4)), scoring.SamplingSpec(0.5, 0, 1, [0, 4])):
     p = np.exp(np.asarray(fn(jnp.asarray(x), spec), np.float64))
     z = x.astype(np.float64) / 0.5
     z[:, [0, 4]] = -np.inf

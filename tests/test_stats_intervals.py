@@ -2,6 +2,7 @@
 ratio (against a brute-force scan of the ratios it must contain) and the
 Student-t quantile matched to a normal quantile's coverage (against closed
 forms and a Monte Carlo of the t-interval for a normal mean)."""
+
 import math
 
 import numpy as np
@@ -11,11 +12,13 @@ from cbs_jax import stats
 
 # (num, den, var_num, var_den, cov, z): resolved denominators, either sign,
 # correlated or not, down to barely resolved.
-RESOLVED = [(5.0, 1.0, 0.4, 0.04, 0.05, 2.0),
-            (500.0, 1.0, 9e3, 0.2, -20.0, 2.0),
-            (-3.0, 2.0, 1.0, 0.5, 0.3, 1.5),
-            (4.0, -1.5, 2.0, 0.3, -0.6, 2.5),
-            (1.0, 1.0, 0.01, 0.24, 0.0, 2.0)]
+RESOLVED = [
+    (5.0, 1.0, 0.4, 0.04, 0.05, 2.0),
+    (500.0, 1.0, 9e3, 0.2, -20.0, 2.0),
+    (-3.0, 2.0, 1.0, 0.5, 0.3, 1.5),
+    (4.0, -1.5, 2.0, 0.3, -0.6, 2.5),
+    (1.0, 1.0, 0.01, 0.24, 0.0, 2.0),
+]
 
 
 def _scan(num, den, var_num, var_den, cov, z, lo, hi, n=400_001):
@@ -59,7 +62,8 @@ def test_t_quantile_like_closed_forms_at_one_and_two_dof(z):
   p = _phi(z)
   assert stats.t_quantile_like(z, 1) == pytest.approx(math.tan(math.pi * (p - 0.5)), rel=1e-9)
   assert stats.t_quantile_like(z, 2) == pytest.approx(
-      (2 * p - 1) / math.sqrt(2 * p * (1 - p)), rel=1e-9)
+      (2 * p - 1) / math.sqrt(2 * p * (1 - p)), rel=1e-9
+  )
 
 
 def test_t_quantile_like_restores_the_normal_coverage_of_a_t_interval():

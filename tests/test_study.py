@@ -1,5 +1,6 @@
 """cbs_jax.study's readers of a finished run, against values worked out by
 hand from a metrics.jsonl written here."""
+
 import json
 
 import pytest
@@ -14,15 +15,20 @@ def _write(tmp_path, rows):
   return str(tmp_path)
 
 
-def _run(N=64, works=(5.0, 0.2, 0.3, 0.1, 0.25, 0.9),
-         passes=(None, None, 0.50, None, 0.56, None), eval_s=0.7):
+def _run(
+    N=64,
+    works=(5.0, 0.2, 0.3, 0.1, 0.25, 0.9),
+    passes=(None, None, 0.50, None, 0.56, None),
+    eval_s=0.7,
+):
   """Round 0 evaluates the base; round r >= 1 logs ``works[r - 1]`` seconds
   of generation + update (2:3 split) and, when ``passes[r - 1]`` is set, an
   evaluation of ``eval_s`` seconds."""
   rows = [dict(round=0, rollouts_seen=0, eval_expected_pass=0.4, eval_expected_seconds=9.0)]
   for r, (w, p) in enumerate(zip(works, passes), 1):
-    row = dict(round=r, rollouts_seen=r * N, num_updates=1, gen_seconds=0.4 * w,
-               update_seconds=0.6 * w)
+    row = dict(
+        round=r, rollouts_seen=r * N, num_updates=1, gen_seconds=0.4 * w, update_seconds=0.6 * w
+    )
     if p is not None:
       row.update(eval_expected_pass=p, eval_expected_seconds=eval_s)
     rows.append(row)

@@ -1,5 +1,6 @@
 """Roofline model: hand-computed numbers from the spec sheets; the probes that
 measure this machine's numbers instead."""
+
 import math
 import time
 
@@ -11,21 +12,33 @@ from cbs_jax import probes
 from cbs_jax import systems
 
 # A Qwen2.5-0.5B-shaped model: tied embeddings, q/k/v biases, GQA 14:2.
-QWEN = dict(vocab_size=151936, d_model=896, num_layers=24, num_heads=14, num_kv_heads=2,
-            d_ff=4864, tie_embeddings=True, qkv_bias=True)
+QWEN = dict(
+    vocab_size=151936,
+    d_model=896,
+    num_layers=24,
+    num_heads=14,
+    num_kv_heads=2,
+    d_ff=4864,
+    tie_embeddings=True,
+    qkv_bias=True,
+)
 # its parameters, by hand: per layer q,o 896*14*64 each, k,v 896*2*64 each,
 # SwiGLU 3*896*4864, two norms 2*896, biases (14+2*2)*64
 QWEN_LAYER = 2 * 896 * 14 * 64 + 2 * 896 * 2 * 64 + 3 * 896 * 4864 + 2 * 896 + 18 * 64
 QWEN_PARAMS = 151936 * 896 + 24 * QWEN_LAYER + 896  # + final norm; tied: no head
-QWEN_KV_TOK_BF16 = 24 * 2 * 2 * 64 * 2              # L * (K,V) * kv heads * dh * 2 bytes
+QWEN_KV_TOK_BF16 = 24 * 2 * 2 * 64 * 2  # L * (K,V) * kv heads * dh * 2 bytes
 
 
 def test_param_counts_match_the_built_model():
   assert QWEN_PARAMS == 494_032_768  # the published "0.49B" of Qwen2.5-0.5B
   d = systems.ModelDims(**QWEN)
   assert d.param_count == QWEN_PARAMS and d.active_params == QWEN_PARAMS  # tied
-  for over in ({}, dict(tie_embeddings=True), dict(qkv_bias=True, qk_norm=True),
-               dict(head_dim=8, value_head=True)):
+  for over in (
+      {},
+      dict(tie_embeddings=True),
+      dict(qkv_bias=True, qk_norm=True),
+      dict(head_dim=8, value_head=True),
+  ):
     c = model.default_config()
     c.vocab_size = 40
     for k, v in over.items():
@@ -50,7 +63,8 @@ def test_decode_step_h100_by_hand():
   assert st.memory_s == pytest.approx(nbytes / 3.35e12)
   assert st.bound == "memory" and st.seconds == pytest.approx(1_000_648_448 / 3.35e12)
   assert systems.decode_tokens_per_s(QWEN, "h100_sxm", 1, 1024) == pytest.approx(
-      3.35e12 / 1_000_648_448)  # ~3348 tokens/s
+      3.35e12 / 1_000_648_448
+  )  # ~3348 tokens/s
 
 
 def test_decode_step_tpu_v5e_by_hand():
@@ -58,11 +72,12 @@ def test_decode_step_tpu_v5e_by_hand():
   flops = b * (2 * QWEN_PARAMS + 4 * 24 * 896 * c)
   nbytes = 2 * QWEN_PARAMS + b * c * QWEN_KV_TOK_BF16
   st = systems.decode_step(QWEN, "TPU-v5e", b, c)
-  assert st.compute_s == pytest.approx(flops / 197e12)          # 2.80 ms
-  assert st.memory_s == pytest.approx(nbytes / 819e9)           # 9.07 ms
+  assert st.compute_s == pytest.approx(flops / 197e12)  # 2.80 ms
+  assert st.memory_s == pytest.approx(nbytes / 819e9)  # 9.07 ms
   assert st.seconds == pytest.approx(7_430_516_480 / 819e9)
   assert systems.decode_tokens_per_s(QWEN, "tpu_v5e", b, c) == pytest.approx(
-      b * 819e9 / 7_430_516_480)
+      b * 819e9 / 7_430_516_480
+  )
 
 
 def test_crossover_batch_closed_form():
@@ -85,7 +100,9 @@ def test_crossover_batch_closed_form():
   tps = lambda b: systems.decode_tokens_per_s(QWEN, "h100_sxm", b, c)
   mem_tps = lambda b: b * 3.35e12 / (2 * A + b * c * QWEN_KV_TOK_BF16)
   assert tps(b_star / 8) == pytest.approx(mem_tps(b_star / 8))
-  assert tps(b_star / 4) / tps(b_star / 8) == pytest.approx(mem_tps(b_star / 4) / mem_tps(b_star / 8))
+  assert tps(b_star / 4) / tps(b_star / 8) == pytest.approx(
+      mem_tps(b_star / 4) / mem_tps(b_star / 8)
+  )
   # above b*, tokens/s = peak / (2A + 4 L d_attn c) per sequence: flat
   assert tps(4 * b_star) == pytest.approx(989e12 / (2 * A + 4 * 24 * 896 * c))
   assert tps(8 * b_star) / tps(4 * b_star) < 1.01
@@ -101,7 +118,8 @@ def test_chips_data_and_model_parallel():
   dp = systems.decode_step(QWEN, "h200", 256, 256, chips=4)
   assert dp.seconds == pytest.approx(one.seconds)
   assert systems.decode_tokens_per_s(QWEN, "h200", 256, 256, chips=4) == pytest.approx(
-      4 * systems.decode_tokens_per_s(QWEN, "h200", 64, 256))
+      4 * systems.decode_tokens_per_s(QWEN, "h200", 64, 256)
+  )
   # model parallel: one weight read over 4x the bandwidth and FLOP/s
   mp = systems.decode_step(QWEN, "h200", 64, 256, chips=4, parallel="model")
   assert mp.compute_s == pytest.approx(one.compute_s / 4)
@@ -116,12 +134,15 @@ def test_round_time_by_hand():
   c = model.default_config()  # A = 100672 active, L = 2, d_attn = 64, kv 2 x 16
   A, kv_tok = 100_672, 2 * 2 * 2 * 16 * 2  # bf16 cache: 256 bytes per token
   n, Tp, Tc, peak, bw = 4, 3, 2, 989e12, 3.35e12
-  prefill = max(n * (2 * A * Tp + 2 * 2 * 64 * Tp * (Tp + 1)) / peak,
-                (2 * A + n * Tp * kv_tok) / bw)
+  prefill = max(
+      n * (2 * A * Tp + 2 * 2 * 64 * Tp * (Tp + 1)) / peak, (2 * A + n * Tp * kv_tok) / bw
+  )
   # Tc - 1 = 1 decode forward: token 0 comes from the prefill, token 1 from
   # the forward of token 0, which attends Tp + 1 positions
-  decode = sum(max(n * (2 * A + 4 * 2 * 64 * ctx) / peak, (2 * A + n * ctx * kv_tok) / bw)
-               for ctx in (Tp + 1,))
+  decode = sum(
+      max(n * (2 * A + 4 * 2 * 64 * ctx) / peak, (2 * A + n * ctx * kv_tok) / bw)
+      for ctx in (Tp + 1,)
+  )
   T = Tp + Tc
   train_flops = 3 * n * (2 * A * T + 2 * 2 * 64 * T * (T + 1))
   # = 6 A N T + 3 x causal attention (4 L d_attn per query-key pair, T(T+1)/2 pairs)
@@ -180,14 +201,17 @@ def test_errors_name_the_bad_value():
   with pytest.raises(ValueError, match="lacks"):
     systems.ModelDims.from_config(dict(d_model=8))
   with pytest.raises(ValueError, match="num_kv_heads=3"):
-    systems.ModelDims(vocab_size=8, d_model=16, num_layers=1, num_heads=4, num_kv_heads=3,
-                      d_ff=8)
+    systems.ModelDims(vocab_size=8, d_model=16, num_layers=1, num_heads=4, num_kv_heads=3, d_ff=8)
 
 
 def test_spec_sheet_entries():
-  want = {"tpu_v4": (275e12, 1.2e12, 32 * 2 ** 30), "tpu_v5e": (197e12, 819e9, 16 * 2 ** 30),
-          "tpu_v5p": (459e12, 2.765e12, 95 * 2 ** 30), "h100_sxm": (989e12, 3.35e12, 80e9),
-          "h200": (989e12, 4.8e12, 141e9)}
+  want = {
+      "tpu_v4": (275e12, 1.2e12, 32 * 2**30),
+      "tpu_v5e": (197e12, 819e9, 16 * 2**30),
+      "tpu_v5p": (459e12, 2.765e12, 95 * 2**30),
+      "h100_sxm": (989e12, 3.35e12, 80e9),
+      "h200": (989e12, 4.8e12, 141e9),
+  }
   for name, (f, b, m) in want.items():
     a = systems.get_accelerator(name)
     assert (a.peak_flops, a.hbm_bandwidth, a.memory_bytes) == pytest.approx((f, b, m))
@@ -214,8 +238,9 @@ def test_generation_roofline_by_hand():
   chip, by hand: FLOPs per token and bytes per step with the KV cache
   actually attended (step t reads Tp + t + 1 positions)."""
   c = model.default_config()
-  for k, v in dict(vocab_size=64, d_model=128, num_layers=4, num_heads=4, num_kv_heads=4,
-                   d_ff=512).items():
+  for k, v in dict(
+      vocab_size=64, d_model=128, num_layers=4, num_heads=4, num_kv_heads=4, d_ff=512
+  ).items():
     c[k] = v
   A = 1_066_112 - 64 * 128  # all but the input embedding
   kv_tok = 4 * 2 * 4 * 32 * 4  # float32 cache: 4096 bytes per token
@@ -243,7 +268,7 @@ def test_probes_measure_positive_rates():
   bw = probes.BandwidthProbe(16)
   t_mm, t_bw = mm.probe(), bw.probe()
   assert t_mm > 0 and t_bw > 0
-  assert mm.flops(2.0) == pytest.approx(2 * 256 ** 3 / 2.0)
-  assert bw.bandwidth(2.0) == pytest.approx(16 * 2 ** 20 / 2.0)
+  assert mm.flops(2.0) == pytest.approx(2 * 256**3 / 2.0)
+  assert bw.bandwidth(2.0) == pytest.approx(16 * 2**20 / 2.0)
   acc = probes.measured_accelerator(mm.flops(t_mm), bw.bandwidth(t_bw))
   assert acc.dtype == "float32" and acc.memory_bytes > 0

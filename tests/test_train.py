@@ -1,4 +1,5 @@
 """The trainer end to end: main.py, resume, learning, drift, bad input."""
+
 import json
 import os
 import subprocess
@@ -18,8 +19,14 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def run_main(workdir, *overrides, config="configs/default.py:smoke"):
-  cmd = [sys.executable, "-m", "cbs_jax.main", f"--config={config}",
-         f"--workdir={workdir}", *overrides]
+  cmd = [
+      sys.executable,
+      "-m",
+      "cbs_jax.main",
+      f"--config={config}",
+      f"--workdir={workdir}",
+      *overrides,
+  ]
   return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
 
 
@@ -45,9 +52,20 @@ def test_main_writes_metrics_checkpoint_and_resumes(smoke_run):
   wd, r = smoke_run
   rows = metrics_lib.read_jsonl(os.path.join(wd, "metrics.jsonl"))
   assert [row["round"] for row in rows] == [0, 1, 2, 3, 4]
-  for key in ("reward_mean", "loss", "entropy", "lr", "batch_size", "gen_seconds",
-              "update_seconds", "tokens_per_s", "rollouts_seen", "kappa_k3",
-              "noise_split/g2", "noise_ema/trace_intra"):
+  for key in (
+      "reward_mean",
+      "loss",
+      "entropy",
+      "lr",
+      "batch_size",
+      "gen_seconds",
+      "update_seconds",
+      "tokens_per_s",
+      "rollouts_seen",
+      "kappa_k3",
+      "noise_split/g2",
+      "noise_ema/trace_intra",
+  ):
     assert key in rows[1], key
   assert "eval_pass_rate" in rows[0] and "eval_pass_rate" in rows[2]
   assert sorted(os.listdir(os.path.join(wd, "checkpoints")), key=int)[-1] == "4"
@@ -85,6 +103,7 @@ def test_checkpoint_of_another_model_shape_is_refused_and_kept(smoke_run):
 
 class FirstDigitOne(arithmetic.ArithmeticTask):
   """Reward 1 iff the completion starts with '1': learnable in a few updates."""
+
   enumerable = False  # its accepted set is not arithmetic's
 
   def verify(self, problem, completion):
@@ -118,8 +137,9 @@ def test_tiny_run_on_an_easy_task_raises_reward(easy_task, tmp_path):
 
 @pytest.mark.slow
 def test_reuse_makes_kappa_positive_and_growing(easy_task, tmp_path):
-  c = tiny_config(batch__num_minibatches=2, batch__num_epochs=2, train__num_rounds=6,
-                  optim__lr=3e-3)
+  c = tiny_config(
+      batch__num_minibatches=2, batch__num_epochs=2, train__num_rounds=6, optim__lr=3e-3
+  )
   train.train_and_evaluate(c, str(tmp_path))
   rows = metrics_lib.read_jsonl(os.path.join(tmp_path, "metrics.jsonl"))[1:]
   kappa = np.array([r["kappa_k3_by_update"] for r in rows])  # rounds x 4 updates
@@ -162,14 +182,14 @@ def test_heldout_kappa_has_no_jump_at_the_epoch_boundary(tmp_path):
 
 
 BAD_CONFIGS = [
-    ("--config.rl.clip_eps=10.0", "clip_eps"),                 # unknown field
-    ("--config.batch.num_prompts=abc", "num_prompts"),         # wrong type
-    ("--config.optim.lr=-0.1", "optim.lr"),                    # negative learning rate
+    ("--config.rl.clip_eps=10.0", "clip_eps"),  # unknown field
+    ("--config.batch.num_prompts=abc", "num_prompts"),  # wrong type
+    ("--config.optim.lr=-0.1", "optim.lr"),  # negative learning rate
     ("--config.batch.rollouts_per_prompt=1", "rollouts_per_prompt"),  # K < 2 for grpo
-    ("--config.batch.num_minibatches=3", "num_minibatches"),   # P*K not divisible
-    ("--config.rl.clip_eps_high=0", "clip_eps_high"),          # clip_eps <= 0
-    ("--config.model.num_heads=3", "num_heads"),               # heads not dividing width
-    ("--config.rl.loss=ppo2", "rl.loss"),                      # unknown choice
+    ("--config.batch.num_minibatches=3", "num_minibatches"),  # P*K not divisible
+    ("--config.rl.clip_eps_high=0", "clip_eps_high"),  # clip_eps <= 0
+    ("--config.model.num_heads=3", "num_heads"),  # heads not dividing width
+    ("--config.rl.loss=ppo2", "rl.loss"),  # unknown choice
 ]
 
 
@@ -196,29 +216,33 @@ def test_config_get_path_reads_a_field_and_names_a_missing_one():
   assert config_lib.get_path(c, "batch.num_prompts") == 12
   assert config_lib.get_path(c, "task.kwargs.ops") == "+*"
   assert config_lib.get_path(c, "seed") == 0
-  assert config_lib.get_path(c, "rl") is c.rl           # a section is a value too
+  assert config_lib.get_path(c, "rl") is c.rl  # a section is a value too
   node, leaf = config_lib.parent_and_leaf(c, "task.kwargs.max_digits")
   assert node is c.task.kwargs and leaf == "max_digits"
-  with pytest.raises(ValueError, match=r"'batch\.num_promts' \('num_promts' is not a field "
-                                       r"of batch;"):
+  with pytest.raises(
+      ValueError, match=r"'batch\.num_promts' \('num_promts' is not a field " r"of batch;"
+  ):
     config_lib.get_path(c, "batch.num_promts")
-  with pytest.raises(ValueError, match=r"'nope\.lr' \('nope' is not a field of the config "
-                                       r"root;"):
+  with pytest.raises(
+      ValueError, match=r"'nope\.lr' \('nope' is not a field of the config " r"root;"
+  ):
     config_lib.get_path(c, "nope.lr")
   with pytest.raises(ValueError, match=r"'seed\.x' \('x' is not a field of seed;"):
-    config_lib.get_path(c, "seed.x")                    # below a leaf
+    config_lib.get_path(c, "seed.x")  # below a leaf
 
 
 @pytest.mark.slow
 def test_measure_tool_pools_batches_at_a_checkpoint(smoke_run):
   from cbs_jax import measure
+
   wd, _ = smoke_run
   config = __import__("configs.default", fromlist=["x"]).get_config("smoke")
   setup = run_setup.prepare(config)
   graphdef, params, rnd = measure.load_policy(config, wd, setup)
   assert rnd == json.load(open(os.path.join(wd, "summary.json")))["rounds"]  # the latest
-  res = measure.measure(config, graphdef, params, setup, P=4, K=4, M=3,
-                        chunk_prompts=2, progress=False)
+  res = measure.measure(
+      config, graphdef, params, setup, P=4, K=4, M=3, chunk_prompts=2, progress=False
+  )
   assert res["exact"].n_batches == 3 and res["split"].n_batches == 3
   for s in (res["exact"], res["split"]):
     assert np.isfinite(s.trace_intra) and np.isfinite(s.g2)
@@ -234,6 +258,7 @@ def test_measure_tool_pools_batches_at_a_checkpoint(smoke_run):
 class OddFirstDigit(arithmetic.ArithmeticTask):
   """Reward 1 iff the completion starts with an odd digit: about half the
   rollouts of every group succeed, so the gradient signal is resolved early."""
+
   enumerable = False  # its accepted set is not arithmetic's
 
   def verify(self, problem, completion):
@@ -244,6 +269,7 @@ class OddFirstDigit(arithmetic.ArithmeticTask):
 def test_adaptive_batch_follows_the_tracker_within_buckets(monkeypatch, tmp_path):
   from cbs_jax import controller
   from cbs_jax import noise_tracker
+
   monkeypatch.setitem(tasks.TASKS, "first_digit_one", OddFirstDigit)
   c = tiny_config(train__num_rounds=12, train__eval_every=12, optim__lr=1e-4)
   c.batch.schedule = "adaptive"
@@ -263,20 +289,23 @@ def test_adaptive_batch_follows_the_tracker_within_buckets(monkeypatch, tmp_path
   for i, r in enumerate(rows):
     P = ref.update(i, ema.interval(0.5))
     expected.append(8 * P)
-    ema.update({k: r[f"noise_split/{k}"] for k in ("trace_intra", "trace_inter", "g2")},
-               P // c.batch.num_minibatches, 8)
+    ema.update(
+        {k: r[f"noise_split/{k}"] for k in ("trace_intra", "trace_inter", "g2")},
+        P // c.batch.num_minibatches,
+        8,
+    )
   assert sizes == expected
   assert set(sizes) <= {32, 64, 128}
   # the lr follows the sqrt rule from the rollouts per update (and the warmup)
   for i, r in enumerate(rows):
-    assert r["lr"] == pytest.approx(1e-4 * np.sqrt(r["batch_size"] / 64)
-                                    * min(1.0, (i + 1) / 5), rel=1e-6)
+    assert r["lr"] == pytest.approx(
+        1e-4 * np.sqrt(r["batch_size"] / 64) * min(1.0, (i + 1) / 5), rel=1e-6
+    )
 
 
 @pytest.mark.slow
 def test_ppo_with_kl_penalty_runs_end_to_end(tmp_path):
-  r = run_main(str(tmp_path), "--config.rl.kl_beta=0.1",
-               config="configs/arithmetic_ppo.py:smoke")
+  r = run_main(str(tmp_path), "--config.rl.kl_beta=0.1", config="configs/arithmetic_ppo.py:smoke")
   assert r.returncode == 0, r.stderr[-3000:]
   rows = metrics_lib.read_jsonl(os.path.join(tmp_path, "metrics.jsonl"))[1:]
   assert len(rows) == 4
@@ -290,14 +319,19 @@ def test_exact_noise_by_ghost_matches_vmap_in_the_trainer(easy_task, tmp_path):
   vmap path on the same run (same seed: same rollouts and updates)."""
   rows = {}
   for method in ("vmap", "ghost"):
-    c = tiny_config(batch__num_minibatches=2, batch__num_epochs=2, train__num_rounds=2,
-                    noise__exact_every=1, noise__drift_every=1, noise__chunk_prompts=2,
-                    noise__exact_method=method)
+    c = tiny_config(
+        batch__num_minibatches=2,
+        batch__num_epochs=2,
+        train__num_rounds=2,
+        noise__exact_every=1,
+        noise__drift_every=1,
+        noise__chunk_prompts=2,
+        noise__exact_method=method,
+    )
     wd = os.path.join(tmp_path, method)
     train.train_and_evaluate(c, wd)
     rows[method] = metrics_lib.read_jsonl(os.path.join(wd, "metrics.jsonl"))[1:]
-  keys = [k for k in rows["vmap"][0] if k.startswith("noise_exact/")
-          or k.endswith("_by_update")]
+  keys = [k for k in rows["vmap"][0] if k.startswith("noise_exact/") or k.endswith("_by_update")]
   assert any(k.startswith("noise_exact/trace_intra") for k in keys), keys
   for a, b in zip(rows["vmap"], rows["ghost"]):
     for k in keys:
@@ -313,7 +347,8 @@ def test_prepare_derives_the_model_config_and_leaves_the_config_as_it_was():
   setup = run_setup.prepare(c)
   assert c.to_dict() == before  # nothing is written back into the config
   assert setup.model.vocab_size == setup.tok.vocab_size != c.model.vocab_size
-  assert {k: v for k, v in setup.model.items() if k != "vocab_size"} == \
-      {k: v for k, v in c.model.items() if k != "vocab_size"}
+  assert {k: v for k, v in setup.model.items() if k != "vocab_size"} == {
+      k: v for k, v in c.model.items() if k != "vocab_size"
+  }
   with pytest.raises(AttributeError):
     setup.model.not_a_field = 1  # locked

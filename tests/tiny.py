@@ -1,4 +1,5 @@
 """Shared tiny model config for the model and sampler tests."""
+
 from cbs_jax import model
 
 VOCAB = 20

@@ -45,6 +45,7 @@ is the sampled pass rate). `max_completion_len` is then an upper bound.
 Split: `problem_key` is "{a}{op}{b}" (see `base`); 1-digit problems (200
 with "+-") keep ~20 for eval.
 """
+
 from __future__ import annotations
 
 import re
@@ -61,190 +62,190 @@ _INT_RE = re.compile(r"-?[0-9]+")
 
 
 def _lo_hi(d: int) -> tuple[int, int]:
-    """Inclusive operand range for a d-digit operand."""
-    return (0 if d == 1 else 10 ** (d - 1)), 10 ** d - 1
+  """Inclusive operand range for a d-digit operand."""
+  return (0 if d == 1 else 10 ** (d - 1)), 10**d - 1
 
 
 FORMATS = ("answer", "steps")
 
 
 def worked_solution(a: int, op: str, b: int) -> str:
-    """The "steps" solution of a op b ('+' or '-'): b is added or subtracted
-    one place value at a time, most significant first, each step written
-    "{running}{op}{part}={new running};", then the answer. 123+456 ->
-    "123+400=523;523+50=573;573+6=579;579" (zero digits of b are skipped;
-    b = 0 is one step)."""
-    digits = str(b)
-    parts = [int(ch) * 10 ** (len(digits) - 1 - i) for i, ch in enumerate(digits)
-             if ch != "0"] or [0]
-    out, r = [], a
-    for part in parts:
-        new = _apply(r, op, part)
-        out.append(f"{r}{op}{part}={new};")
-        r = new
-    return "".join(out) + str(r)
+  """The "steps" solution of a op b ('+' or '-'): b is added or subtracted
+  one place value at a time, most significant first, each step written
+  "{running}{op}{part}={new running};", then the answer. 123+456 ->
+  "123+400=523;523+50=573;573+6=579;579" (zero digits of b are skipped;
+  b = 0 is one step)."""
+  digits = str(b)
+  parts = [int(ch) * 10 ** (len(digits) - 1 - i) for i, ch in enumerate(digits) if ch != "0"] or [0]
+  out, r = [], a
+  for part in parts:
+    new = _apply(r, op, part)
+    out.append(f"{r}{op}{part}={new};")
+    r = new
+  return "".join(out) + str(r)
 
 
 def _apply(a: int, op: str, b: int) -> int:
-    if op == "+":
-        return a + b
-    if op == "-":
-        return a - b
-    return a * b
+  if op == "+":
+    return a + b
+  if op == "-":
+    return a - b
+  return a * b
 
 
 class ArithmeticTask(base.Task):
-    """`a op b =` with op in `ops` and a mix of operand lengths.
+  """`a op b =` with op in `ops` and a mix of operand lengths.
 
-    Args:
-      min_digits, max_digits: range of operand digit counts (1..18).
-      ops: operator characters, a subset of "+-*" without repeats.
-      digit_weights: probabilities of the digit counts min_digits..max_digits
-        (length max_digits - min_digits + 1, non-negative, not all zero;
-        normalised here); None = uniform.
-      mul_max_digits: cap on the digit count of '*' operands.
+  Args:
+    min_digits, max_digits: range of operand digit counts (1..18).
+    ops: operator characters, a subset of "+-*" without repeats.
+    digit_weights: probabilities of the digit counts min_digits..max_digits
+      (length max_digits - min_digits + 1, non-negative, not all zero;
+      normalised here); None = uniform.
+    mul_max_digits: cap on the digit count of '*' operands.
+  """
+
+  enumerable = True  # accepted_completions lists every accepted string
+
+  def __init__(
+      self,
+      min_digits: int = 1,
+      max_digits: int = 4,
+      ops: str = "+-*",
+      digit_weights=None,
+      mul_max_digits: int = 2,
+      solution_format: str = "answer",
+  ):
+    self.min_digits = base.check_int("min_digits", min_digits, 1, MAX_DIGITS_LIMIT)
+    self.max_digits = base.check_int("max_digits", max_digits, 1, MAX_DIGITS_LIMIT)
+    if self.min_digits > self.max_digits:
+      raise ValueError(f"min_digits={self.min_digits} must be <= " f"max_digits={self.max_digits}")
+    self.ops = base.check_ops("ops", ops, ALLOWED_OPS)
+    self.mul_max_digits = base.check_int("mul_max_digits", mul_max_digits, 1, MAX_DIGITS_LIMIT)
+    self.digit_counts = np.arange(self.min_digits, self.max_digits + 1)
+    self.digit_weights = self._check_weights(digit_weights)
+
+    self.name = "arithmetic"
+    if solution_format not in FORMATS:
+      raise ValueError(f"solution_format={solution_format!r} is not one of " f"{list(FORMATS)}")
+    if solution_format == "steps" and "*" in self.ops:
+      raise ValueError(
+          f"solution_format='steps' works out '+' and '-' only; " f"ops={self.ops!r} has '*'"
+      )
+    self.solution_format = solution_format
+    self.alphabet = "0123456789+-*=" + (";" if solution_format == "steps" else "")
+    self.max_prompt_len, self.max_completion_len = self._max_lens()
+    if solution_format == "steps":
+      self.enumerable = False  # any worked text before the final answer is accepted
+      self.max_completion_len = self._max_steps_len()
+
+  def _check_weights(self, weights) -> np.ndarray:
+    k = len(self.digit_counts)
+    if weights is None:
+      return np.full(k, 1.0 / k)
+    try:
+      w = np.asarray(weights, dtype=np.float64)
+    except (TypeError, ValueError) as e:
+      raise ValueError(f"digit_weights must be a sequence of numbers, " f"got {weights!r}") from e
+    if w.shape != (k,):
+      raise ValueError(
+          f"digit_weights={weights!r} must have length " f"max_digits - min_digits + 1 = {k}"
+      )
+    if not np.all(np.isfinite(w)) or np.any(w < 0):
+      raise ValueError(f"digit_weights={weights!r} must be finite and " "non-negative")
+    if w.sum() <= 0:
+      raise ValueError(f"digit_weights={weights!r} must not be all zero")
+    return w / w.sum()
+
+  def _operand_digits(self, op: str) -> list[int]:
+    """Digit counts an operand of `op` can have (positive weight)."""
+    ds = {int(d) for d, w in zip(self.digit_counts, self.digit_weights) if w > 0}
+    if op == "*":
+      ds = {min(d, self.mul_max_digits) for d in ds}
+    return sorted(ds)
+
+  def _max_lens(self) -> tuple[int, int]:
+    """Exact max prompt / solution lengths over everything drawable.
+
+    Each op is monotone in each operand, so over a box of operand values
+    the extreme results sit at its corners; the longest result string is
+    at one of the extremes.
     """
+    max_prompt, max_sol = 0, 0
+    for op in self.ops:
+      ds = self._operand_digits(op)
+      max_prompt = max(max_prompt, 2 * max(ds) + 2)
+      for da in ds:
+        for db in ds:
+          for a in _lo_hi(da):
+            for b in _lo_hi(db):
+              max_sol = max(max_sol, len(str(_apply(a, op, b))))
+    return max_prompt, max_sol
 
-    enumerable = True  # accepted_completions lists every accepted string
+  def _max_steps_len(self) -> int:
+    """An upper bound on the worked solution's length: one step per
+    digit of b, each "{r}{op}{part}={r'};" with r, r' at most
+    max_digits + 1 digits and a sign, then the answer."""
+    w = self.max_digits + 2  # digits of any running value, with its sign
+    step = w + 1 + self.max_digits + 1 + w + 1
+    return self.max_digits * step + w
 
-    def __init__(self, min_digits: int = 1, max_digits: int = 4,
-                 ops: str = "+-*", digit_weights=None,
-                 mul_max_digits: int = 2, solution_format: str = "answer"):
-        self.min_digits = base.check_int("min_digits", min_digits, 1,
-                                         MAX_DIGITS_LIMIT)
-        self.max_digits = base.check_int("max_digits", max_digits, 1,
-                                         MAX_DIGITS_LIMIT)
-        if self.min_digits > self.max_digits:
-            raise ValueError(f"min_digits={self.min_digits} must be <= "
-                             f"max_digits={self.max_digits}")
-        self.ops = base.check_ops("ops", ops, ALLOWED_OPS)
-        self.mul_max_digits = base.check_int("mul_max_digits", mul_max_digits,
-                                             1, MAX_DIGITS_LIMIT)
-        self.digit_counts = np.arange(self.min_digits, self.max_digits + 1)
-        self.digit_weights = self._check_weights(digit_weights)
+  def draw(self, rng: np.random.Generator, n: int) -> list[base.Problem]:
+    n = base.check_n(n)
+    op_idx = rng.integers(len(self.ops), size=n)
+    digits = rng.choice(self.digit_counts, size=(n, 2), p=self.digit_weights)
+    is_mul = np.array([self.ops[i] == "*" for i in op_idx], dtype=bool)
+    digits = np.where(is_mul[:, None], np.minimum(digits, self.mul_max_digits), digits)
+    digits = digits.astype(np.int64)
+    lo = np.where(digits == 1, 0, 10 ** (digits - 1))
+    operands = rng.integers(lo, 10**digits, dtype=np.int64)  # [lo, hi]
+    problems = []
+    for i in range(n):
+      op = self.ops[op_idx[i]]
+      a, b = int(operands[i, 0]), int(operands[i, 1])
+      result = str(_apply(a, op, b))
+      difficulty = int(digits[i].max()) + (1 if op == "*" else 0)
+      solution = worked_solution(a, op, b) if self.solution_format == "steps" else result
+      problems.append(
+          base.Problem(
+              prompt=f"{a}{op}{b}=",
+              answer=result,
+              solution=solution,
+              difficulty=difficulty,
+              meta=(a, op, b),
+          )
+      )
+    return problems
 
-        self.name = "arithmetic"
-        if solution_format not in FORMATS:
-            raise ValueError(f"solution_format={solution_format!r} is not one of "
-                             f"{list(FORMATS)}")
-        if solution_format == "steps" and "*" in self.ops:
-            raise ValueError(f"solution_format='steps' works out '+' and '-' only; "
-                             f"ops={self.ops!r} has '*'")
-        self.solution_format = solution_format
-        self.alphabet = "0123456789+-*=" + (";" if solution_format == "steps" else "")
-        self.max_prompt_len, self.max_completion_len = self._max_lens()
-        if solution_format == "steps":
-            self.enumerable = False  # any worked text before the final answer is accepted
-            self.max_completion_len = self._max_steps_len()
+  def problem_key(self, problem: base.Problem) -> str:
+    if len(problem.meta) == 3:
+      a, op, b = problem.meta
+      return f"{int(a)}{op}{int(b)}"
+    return problem.prompt
 
-    def _check_weights(self, weights) -> np.ndarray:
-        k = len(self.digit_counts)
-        if weights is None:
-            return np.full(k, 1.0 / k)
-        try:
-            w = np.asarray(weights, dtype=np.float64)
-        except (TypeError, ValueError) as e:
-            raise ValueError(f"digit_weights must be a sequence of numbers, "
-                             f"got {weights!r}") from e
-        if w.shape != (k,):
-            raise ValueError(
-                f"digit_weights={weights!r} must have length "
-                f"max_digits - min_digits + 1 = {k}")
-        if not np.all(np.isfinite(w)) or np.any(w < 0):
-            raise ValueError(f"digit_weights={weights!r} must be finite and "
-                             "non-negative")
-        if w.sum() <= 0:
-            raise ValueError(f"digit_weights={weights!r} must not be all zero")
-        return w / w.sum()
+  def accepted_completions(self, problem: base.Problem, max_chars: int) -> list[str]:
+    """Every string of at most `max_chars` characters that verifies:
+    the answer's digits with any number of leading zeros, a '-' before
+    a negative answer, and "-0", "-00", ... where the answer is 0
+    (whitespace is not in the alphabet, so no padded variants)."""
+    value = int(problem.answer)
+    digits, sign = str(abs(value)), "-" if value < 0 else ""
+    out = []
+    for zeros in range(max_chars):
+      body = "0" * zeros + digits
+      for s in (sign + body,) + (("-" + body,) if value == 0 else ()):
+        if len(s) <= max_chars:
+          out.append(s)
+    return out
 
-    def _operand_digits(self, op: str) -> list[int]:
-        """Digit counts an operand of `op` can have (positive weight)."""
-        ds = {int(d) for d, w in zip(self.digit_counts, self.digit_weights)
-              if w > 0}
-        if op == "*":
-            ds = {min(d, self.mul_max_digits) for d in ds}
-        return sorted(ds)
-
-    def _max_lens(self) -> tuple[int, int]:
-        """Exact max prompt / solution lengths over everything drawable.
-
-        Each op is monotone in each operand, so over a box of operand values
-        the extreme results sit at its corners; the longest result string is
-        at one of the extremes.
-        """
-        max_prompt, max_sol = 0, 0
-        for op in self.ops:
-            ds = self._operand_digits(op)
-            max_prompt = max(max_prompt, 2 * max(ds) + 2)
-            for da in ds:
-                for db in ds:
-                    for a in _lo_hi(da):
-                        for b in _lo_hi(db):
-                            max_sol = max(max_sol, len(str(_apply(a, op, b))))
-        return max_prompt, max_sol
-
-    def _max_steps_len(self) -> int:
-        """An upper bound on the worked solution's length: one step per
-        digit of b, each "{r}{op}{part}={r'};" with r, r' at most
-        max_digits + 1 digits and a sign, then the answer."""
-        w = self.max_digits + 2  # digits of any running value, with its sign
-        step = w + 1 + self.max_digits + 1 + w + 1
-        return self.max_digits * step + w
-
-    def draw(self, rng: np.random.Generator, n: int) -> list[base.Problem]:
-        n = base.check_n(n)
-        op_idx = rng.integers(len(self.ops), size=n)
-        digits = rng.choice(self.digit_counts, size=(n, 2),
-                            p=self.digit_weights)
-        is_mul = np.array([self.ops[i] == "*" for i in op_idx], dtype=bool)
-        digits = np.where(is_mul[:, None],
-                          np.minimum(digits, self.mul_max_digits), digits)
-        digits = digits.astype(np.int64)
-        lo = np.where(digits == 1, 0, 10 ** (digits - 1))
-        operands = rng.integers(lo, 10 ** digits, dtype=np.int64)  # [lo, hi]
-        problems = []
-        for i in range(n):
-            op = self.ops[op_idx[i]]
-            a, b = int(operands[i, 0]), int(operands[i, 1])
-            result = str(_apply(a, op, b))
-            difficulty = int(digits[i].max()) + (1 if op == "*" else 0)
-            solution = (worked_solution(a, op, b) if self.solution_format == "steps"
-                        else result)
-            problems.append(base.Problem(
-                prompt=f"{a}{op}{b}=", answer=result, solution=solution,
-                difficulty=difficulty, meta=(a, op, b)))
-        return problems
-
-    def problem_key(self, problem: base.Problem) -> str:
-        if len(problem.meta) == 3:
-            a, op, b = problem.meta
-            return f"{int(a)}{op}{int(b)}"
-        return problem.prompt
-
-    def accepted_completions(self, problem: base.Problem,
-                             max_chars: int) -> list[str]:
-        """Every string of at most `max_chars` characters that verifies:
-        the answer's digits with any number of leading zeros, a '-' before
-        a negative answer, and "-0", "-00", ... where the answer is 0
-        (whitespace is not in the alphabet, so no padded variants)."""
-        value = int(problem.answer)
-        digits, sign = str(abs(value)), "-" if value < 0 else ""
-        out = []
-        for zeros in range(max_chars):
-            body = "0" * zeros + digits
-            for s in (sign + body,) + (("-" + body,) if value == 0 else ()):
-                if len(s) <= max_chars:
-                    out.append(s)
-        return out
-
-    def verify(self, problem: base.Problem, completion: str) -> float:
-        if not isinstance(completion, str):
-            return 0.0
-        if self.solution_format == "steps":  # the final answer, after the last ';'
-            if len(completion) > _MAX_VERIFY_CHARS * 4:
-                return 0.0
-            completion = completion.rpartition(";")[2]
-        text = completion.strip()
-        if len(text) > _MAX_VERIFY_CHARS or not _INT_RE.fullmatch(text):
-            return 0.0
-        return 1.0 if int(text) == int(problem.answer) else 0.0
+  def verify(self, problem: base.Problem, completion: str) -> float:
+    if not isinstance(completion, str):
+      return 0.0
+    if self.solution_format == "steps":  # the final answer, after the last ';'
+      if len(completion) > _MAX_VERIFY_CHARS * 4:
+        return 0.0
+      completion = completion.rpartition(";")[2]
+    text = completion.strip()
+    if len(text) > _MAX_VERIFY_CHARS or not _INT_RE.fullmatch(text):
+      return 0.0
+    return 1.0 if int(text) == int(problem.answer) else 0.0

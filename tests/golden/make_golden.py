@@ -9,6 +9,7 @@ every logged number bit-identical on the same machine.
     python tests/golden/make_golden.py            # write every case
     python tests/golden/make_golden.py quickstart # one case
 """
+
 import json
 import os
 import subprocess
@@ -20,14 +21,20 @@ ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, ROOT)
 
 # fields that measure time, not numerics
-TIMING = ("gen_seconds", "update_seconds", "tokens_per_s", "eval_expected_seconds",
-          "eval_sampled_seconds")
+TIMING = (
+    "gen_seconds",
+    "update_seconds",
+    "tokens_per_s",
+    "eval_expected_seconds",
+    "eval_sampled_seconds",
+)
 
 
 def quickstart():
   """configs/default.py (the README's quickstart), 20 rounds, with a shorter
   SFT (1,000 steps: the RL loop is what is pinned) and evaluations every 10."""
   from configs import default  # pylint: disable=import-outside-toplevel
+
   c = default.get_config()
   c.sft.steps = 1000
   c.sft.eval_every = 0
@@ -43,6 +50,7 @@ def adaptive_offpolicy():
   (b_noise signal), two minibatches x two epochs, staleness 1, exact noise
   by ghost norms, per-update drift and the held-out drift probe."""
   from configs import default  # pylint: disable=import-outside-toplevel
+
   c = default.get_config("smoke")
   c.sft.steps, c.sft.batch_size = 1000, 128  # a base with rewards to learn from
   c.train.num_rounds = 12
@@ -68,6 +76,7 @@ def adaptive_offpolicy():
 def ppo_kl():
   """PPO with a value head, GAE and a KL penalty to the SFT base, smoke size."""
   from configs import arithmetic_ppo  # pylint: disable=import-outside-toplevel
+
   c = arithmetic_ppo.get_config("smoke")
   c.rl.kl_beta = 0.1
   c.train.num_rounds = 6
@@ -84,6 +93,7 @@ def clean(row: dict) -> dict:
 def run_case(name: str, workdir: str) -> list[dict]:
   from cbs_jax import metrics as metrics_lib  # pylint: disable=import-outside-toplevel
   from cbs_jax import train  # pylint: disable=import-outside-toplevel
+
   train.train_and_evaluate(CASES[name](), workdir)
   rows = metrics_lib.read_jsonl(os.path.join(workdir, "metrics.jsonl"))
   return [clean(r) for r in rows]
@@ -94,8 +104,9 @@ def path(name: str) -> str:
 
 
 def main(names):
-  commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True,
-                          text=True).stdout.strip()
+  commit = subprocess.run(
+      ["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True
+  ).stdout.strip()
   for name in names or CASES:
     with tempfile.TemporaryDirectory() as d:
       rows = run_case(name, d)
