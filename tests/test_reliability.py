@@ -332,7 +332,7 @@ def test_persistent_nan_loss_skips_updates_then_stops_naming_round(monkeypatch, 
   _, s2, m2 = load_state(wd, 2)
   _, s4, m4 = load_state(wd, 4)
   assert_trees_equal(s2, s4)
-  assert m4["skipped_updates"] == 2 and m4["consecutive_nonfinite"] == 2
+  assert m4["counters"]["skipped_updates"] == 2 and m4["counters"]["consecutive_nonfinite"] == 2
 
 
 @pytest.mark.slow
@@ -356,7 +356,7 @@ def test_single_nan_round_is_skipped_and_training_continues(monkeypatch, tmp_pat
   assert all(r["noise_ema/g2"] is not None for r in rows[4:])
   _, state, meta = load_state(wd)
   assert all(np.all(np.isfinite(x)) for x in jax.tree.leaves(state))
-  assert meta["consecutive_nonfinite"] == 0
+  assert meta["counters"]["consecutive_nonfinite"] == 0
 
 
 @pytest.mark.slow
