@@ -23,6 +23,7 @@ from cbs_jax import model as model_lib
 from cbs_jax import rl
 from cbs_jax import scoring
 from cbs_jax import sharding
+from cbs_jax import systems
 from cbs_jax import tasks
 
 ConfigDict = ml_collections.ConfigDict
@@ -103,6 +104,17 @@ def base_config() -> ConfigDict:
   c.batch.adaptive_hysteresis = 1.25  # adaptive: move only when the whole interval leaves the
   # current bucket's range widened by this factor
   c.batch.adaptive_z = 2.0  # adaptive: tracker interval = estimate +- z SE
+  c.batch.adaptive_objective = "time"  # adaptive: time (the bucket with the least predicted
+  # time to a target, cbs_jax/time_optimal.py) | steps (N = factor * signal)
+  c.batch.adaptive_round_time = "measured"  # adaptive, objective time: seconds per round
+  # measured on this machine, or an accelerator of cbs_jax/systems.py (e.g. h100_sxm: a
+  # modelled run, its roofline's round times)
+  c.batch.adaptive_calibrate = True  # adaptive, measured: time a round at the first bucket
+  # and its neighbour before training (two points for the throughput fit)
+  c.batch.adaptive_switch_warmup = 5  # adaptive: updates over which the lr moves from the
+  # old batch's to the new batch's rate after a switch (0: jump)
+  c.batch.adaptive_rescale_nu = True  # adaptive: rescale Adam's second moment for the new
+  # batch on a switch (cbs_jax/batch_switch.py)
   c.batch.staleness = 0  # rounds the behaviour policy lags (async-style generation)
 
   c.optim = ConfigDict()
@@ -180,6 +192,7 @@ _CHOICES = {
     "optim.lr_rule": lr_rules.LR_RULES,
     "batch.schedule": ("fixed", "adaptive"),
     "batch.adaptive_signal": controller.SIGNALS,
+    "batch.adaptive_objective": controller.OBJECTIVES,
     "noise.exact_method": gradstats.EXACT_METHODS,
 }
 _POSITIVE = (
@@ -216,6 +229,7 @@ _NON_NEGATIVE = (
     "noise.exact_every",
     "noise.drift_every",
     "batch.adaptive_b_crit_ratio",
+    "batch.adaptive_switch_warmup",
 )
 
 
@@ -390,6 +404,14 @@ def validate(c: ConfigDict) -> None:
             f"={b.adaptive_min_prompts} x 2^j <= config.batch.adaptive_max_prompts"
             f"={b.adaptive_max_prompts})"
         )
+      if b.adaptive_round_time != "measured":
+        try:
+          systems.get_accelerator(b.adaptive_round_time)
+        except ValueError as e:
+          raise ValueError(
+              f"config.batch.adaptive_round_time={b.adaptive_round_time!r} is neither "
+              f"'measured' nor a known accelerator: {e}"
+          ) from None
       if b.adaptive_signal == "b_crit" and not (
           math.isfinite(b.adaptive_b_crit_ratio) and b.adaptive_b_crit_ratio > 0
       ):

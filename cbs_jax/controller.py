@@ -3,13 +3,18 @@
 ``AdaptiveBatch`` moves the prompts per round over power-of-two
 ``buckets`` from the interval of a signal (``SIGNALS``, read by
 ``signal_interval`` from the noise trackers), acting only on resolved
-changes. ``buckets`` is also what ``config.validate`` checks the starting
-batch against.
+changes. It aims at one of two ``OBJECTIVES``: ``steps`` (N = the signal:
+the step-efficient batch, B_crit) or ``time`` (the N that reaches a target
+soonest, ``time_optimal.best_n`` with the round times of a
+``time_optimal.RoundTimes``). ``buckets`` is also what ``config.validate``
+checks the starting batch against.
 """
 
 from __future__ import annotations
 
 import math
+
+from cbs_jax import time_optimal
 
 # The controller (``AdaptiveBatch``) reads one of three signals, each a
 # number of rollouts with an interval (``signal_interval``):
@@ -43,6 +48,7 @@ import math
 # is "without a sweep" only for the runs that reuse it.
 
 SIGNALS = ("b_noise", "b_noise_adam", "b_crit")
+OBJECTIVES = ("steps", "time")
 
 
 def signal_interval(
@@ -104,7 +110,18 @@ class AdaptiveBatch:
   oscillate: after a move to the bucket nearest a value v, moving back
   needs an interval wholly on the other side of v / (sqrt2 h)^(+-1).
   ``factor`` is the calibration from the signal to the batch one wants (1:
-  N = the signal). The learning rate follows ``optim.lr_rule`` from the
+  N = the signal).
+
+  With ``objective="time"`` the batch wanted is not the signal itself but
+  the bucket with the least predicted time to a target,
+  ``time_optimal.best_n`` over the buckets' N = P K with B = factor x
+  signal and the seconds per round of ``round_times`` (a
+  ``time_optimal.RoundTimes``, or any callable N -> seconds). The same
+  hysteresis in that form: the batch moves only when the optimum at
+  B = lo / h and at B = hi h (the interval widened by ``hysteresis``) lie on
+  the same side of the current bucket, to the optimum at the point value.
+  The optimum does not decrease in B, so a flat signal whose interval
+  contains its own value cannot make N oscillate either. The learning rate follows ``optim.lr_rule`` from the
   chosen rollouts per update (the trainer's job, ``train.update_round``).
   ``state_dict`` / ``load_state_dict`` carry the choice across a checkpoint
   restore (with the tracker's own state, a resumed run makes the same
@@ -120,6 +137,8 @@ class AdaptiveBatch:
       every: int = 10,
       prompts: int | None = None,
       hysteresis: float = 1.25,
+      objective: str = "steps",
+      round_times=None,
   ):
     if not (isinstance(K, int) and K >= 1):
       raise ValueError(f"K={K!r} (rollouts per prompt) must be a positive integer")
@@ -130,7 +149,12 @@ class AdaptiveBatch:
       raise ValueError(f"every={every!r} (rounds between decisions) must be an integer >= 1")
     if not hysteresis >= 1.0:
       raise ValueError(f"hysteresis={hysteresis} must be >= 1")
+    if objective not in OBJECTIVES:
+      raise ValueError(f"objective={objective!r} is not one of {list(OBJECTIVES)}")
+    if objective == "time" and round_times is None:
+      raise ValueError("objective='time' needs round_times (seconds per round by N)")
     self.K, self.factor, self.every, self.hysteresis = K, factor, every, hysteresis
+    self.objective, self.round_times = objective, round_times
     start = self.buckets[0] if prompts is None else prompts
     if start not in self.buckets:
       raise ValueError(
@@ -160,19 +184,49 @@ class AdaptiveBatch:
       ok = math.isfinite(signal) and signal > 0
       signal = dict(value=signal, lo=signal, hi=signal, resolved=ok)
     value = signal["value"] if "value" in signal else signal["b_noise"]
+    if self.objective == "time":
+      return self._update_time(rnd, signal, value)
     f = self.factor / self.K
     self.target = f * value if signal["resolved"] else math.nan
     if not self.decides(rnd) or not signal["resolved"]:
       return self.prompts
     cur, h = self.prompts, self.hysteresis * math.sqrt(2.0)
     if f * signal["lo"] > cur * h or f * signal["hi"] < cur / h:
-      new = self._nearest(f * value)
-      if new != cur:
-        self.prompts, self.changes = new, self.changes + 1
+      self._move(self._nearest(f * value))
     return self.prompts
 
+  def best_prompts(self, b: float) -> int:
+    """The bucket with the least predicted time to a target at B = ``b``
+    rollouts (``time_optimal.best_n`` over the buckets' N = P K)."""
+    ns = [p * self.K for p in self.buckets]
+    return time_optimal.best_n(ns, b, self.round_times) // self.K
+
+  def _update_time(self, rnd: int, signal: dict, value: float) -> int:
+    self.target = math.nan
+    if not signal["resolved"]:
+      return self.prompts
+    f, h = self.factor, self.hysteresis
+    try:
+      self.target = float(self.best_prompts(f * value))
+    except ValueError:  # no round time measured yet and no model: hold
+      return self.prompts
+    if not self.decides(rnd):
+      return self.prompts
+    cur = self.prompts
+    lo, hi = self.best_prompts(f * signal["lo"] / h), self.best_prompts(f * signal["hi"] * h)
+    if (lo > cur and hi > cur) or (lo < cur and hi < cur):
+      self._move(int(self.target))
+    return self.prompts
+
+  def _move(self, new: int) -> None:
+    if new != self.prompts:
+      self.prompts, self.changes = new, self.changes + 1
+
   def state_dict(self) -> dict:
-    return dict(prompts=self.prompts, changes=self.changes, buckets=list(self.buckets))
+    out = dict(prompts=self.prompts, changes=self.changes, buckets=list(self.buckets))
+    if isinstance(self.round_times, time_optimal.RoundTimes):
+      out["round_times"] = self.round_times.state_dict()
+    return out
 
   def load_state_dict(self, state: dict) -> None:
     saved = state.get("buckets")
@@ -187,3 +241,5 @@ class AdaptiveBatch:
       raise ValueError(f"the checkpoint's adaptive prompts={p} is not a bucket {self.buckets}")
     self.prompts = p
     self.changes = int(state.get("changes", 0))
+    if isinstance(self.round_times, time_optimal.RoundTimes) and "round_times" in state:
+      self.round_times.load_state_dict(state["round_times"])

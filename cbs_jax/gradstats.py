@@ -73,24 +73,39 @@ def adam_state(opt_state):
   return found[0] if len(found) == 1 else None
 
 
-def adam_metric(opt_state, b2: float, eps: float):
+def adam_metric(opt_state, b2: float, eps: float, grad=None):
   """Adam's preconditioner ``1 / (sqrt(nu_hat) + eps)`` per parameter, from
   the (single) ``optax.ScaleByAdamState`` in ``opt_state``, as a pytree like
-  the parameters; None where there is none or before Adam's first step
-  (nu = 0 says nothing yet).
+  the parameters; None where there is none.
+
+  With ``grad`` (this update's gradient) it is the preconditioner Adam's
+  update applies: nu_t = b2 nu + (1 - b2) grad^2, bias-corrected with the
+  step count after this update, exactly as ``optax.scale_by_adam`` does.
+  Defined from the first step and bounded (nu_t >= (1 - b2) grad^2): the
+  metric taken before the update (``grad`` None; nu_hat from past steps
+  only) is undefined at the first step and, over the next ~1 / (1 - b2)
+  steps, huge on coordinates that have barely had a gradient -- preconditioned
+  traces 10^4x their later level, which a tracker's EMA then carries.
 
   Noise "in Adam's metric" is the noise of the preconditioned direction
   u = D g, D = diag(metric): tr(D Sigma D) / |D G|^2. Multiplying every
   (per-rollout or microbatch) gradient by D and applying the same unbiased
-  estimators gives it, because the estimators are quadratic forms of
-  gradients and D is fixed within a batch. It ignores that nu itself moves
-  (slowly, b2 ~ 0.99) and Adam's momentum, which averages over steps.
+  estimators gives it when D is fixed within a batch; with ``grad`` D
+  depends on the batch through its (1 - b2) share of nu_t, a bias of that
+  order (docs/noise.md, "Noise in Adam's metric"). It ignores that nu moves
+  over steps and Adam's momentum, which averages over steps.
   """
   st = adam_state(opt_state)
   if st is None:
     return None
-  corr = 1.0 - b2 ** jnp.maximum(st.count, 1).astype(jnp.float32)
-  return jax.tree.map(lambda v: 1.0 / (jnp.sqrt(v / corr) + eps), st.nu)
+  if grad is None:
+    count = jnp.maximum(st.count, 1).astype(jnp.float32)
+    nu = st.nu
+  else:
+    count = (st.count + 1).astype(jnp.float32)
+    nu = jax.tree.map(lambda v, g: b2 * v + (1.0 - b2) * jnp.square(g), st.nu, grad)
+  corr = 1.0 - b2**count
+  return jax.tree.map(lambda v: 1.0 / (jnp.sqrt(v / corr) + eps), nu)
 
 
 def _scaled(tree, metric, lead: int):
@@ -124,8 +139,10 @@ def split_grads(
   gradient of its cell), ``aux`` the per-token aux in batch order, and
   ``moments`` a ``noise.SplitMoments`` whose fields have a leading
   per-leaf axis (sum over it for the whole model). With a ``metric`` (a
-  pytree like the parameters, e.g. ``adam_metric``) ``moments`` is the pair
-  (raw moments, moments of the metric-scaled cell gradients).
+  pytree like the parameters, e.g. ``adam_metric``, or a function of the
+  batch gradient returning one, e.g. ``adam_metric`` with ``grad``)
+  ``moments`` is the pair (raw moments, moments of the metric-scaled cell
+  gradients).
   """
   counts = objective.counts_of(batch)
   cells = jax.tree.map(lambda x: _grid(x, P, K, m, n), batch)
@@ -149,7 +166,8 @@ def split_grads(
   aux = jax.tree.map(ungrid, aux)
   moments = _leaf_split_moments(q, P, K)
   if metric is not None:
-    moments = (moments, _leaf_split_moments(_scaled(q, metric, 2), P, K))
+    d = metric(grad) if callable(metric) else metric
+    moments = (moments, _leaf_split_moments(_scaled(q, d, 2), P, K))
   return jnp.sum(losses), grad, aux, moments
 
 

@@ -19,6 +19,8 @@ round_time(N) seconds on ``chips`` x ``accelerator`` (roofline: prefill +
 decode + update), so
   time-to-target(N) = S(N) * round_time(N)              [s]
   relative time      = time(N) / min_N' time(N')       (S_min cancels)
+(``cbs_jax.time_optimal``: the one implementation of this rule, which the
+adaptive controller shares)
 The absolute time is reported only when S_min is known. A larger N pays
 while its throughput gain, round_time(N) / N falling, outweighs the samples
 penalty E(N) / E_min = 1 + N / B; the minimum sits where
@@ -54,6 +56,7 @@ import numpy as np
 from cbs_jax import lr_rules
 from cbs_jax import probes
 from cbs_jax import systems
+from cbs_jax import time_optimal
 
 SUMMARY = "summary.json"
 MEASURE_GLOB = "measure_*.json"
@@ -227,11 +230,6 @@ def powers_of_two(min_n: int, max_n: int) -> list[int]:
   return ns
 
 
-def _argmin_n(ns, b, round_s) -> int:
-  t = [(1.0 + b / n) * r for n, r in zip(ns, round_s)]
-  return ns[int(np.argmin(t))]
-
-
 # ----------------------------------------------------------------- the plan
 
 
@@ -304,7 +302,8 @@ def recommend(
       )
       for n in ns
   ]
-  times = [(1.0 + b / n) * c.total_s for n, c in zip(ns, costs)]  # / S_min
+  round_of = dict(zip(ns, (c.total_s for c in costs))).__getitem__
+  times = [time_optimal.relative_time(n, b, round_of(n)) for n in ns]  # / S_min
   t_best = min(times)
   rows = []
   for n, c, t in zip(ns, costs, times):
@@ -331,15 +330,13 @@ def recommend(
             ),
         )
     )
-  i_best = int(np.argmin(times))
-  best = rows[i_best]
+  best = rows[ns.index(time_optimal.best_n(ns, b, round_of))]
 
   n_range = None
   if info["b_se"]:
-    round_s = [c.total_s for c in costs]
     lo_b = b - 2 * info["b_se"]
-    n_lo = _argmin_n(ns, lo_b, round_s) if lo_b > 0 else ns[0]
-    n_range = (n_lo, _argmin_n(ns, b + 2 * info["b_se"], round_s))
+    n_lo = time_optimal.best_n(ns, lo_b, round_of) if lo_b > 0 else ns[0]
+    n_range = (n_lo, time_optimal.best_n(ns, b + 2 * info["b_se"], round_of))
 
   out = dict(
       b=b,

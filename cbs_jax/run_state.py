@@ -45,6 +45,9 @@ class Counters:
   base_pass_rate: float | None = None  # the held-out score at round 0
   stopped_at_target: bool = False  # stopped at config.train.stop_at_pass_rate
   stopped_collapsed: bool = False  # stopped below config.train.stop_below_pass_rate
+  lr: float | None = None  # the learning rate of the last update
+  switch_step: int | None = None  # the first update at the adaptive batch's latest N
+  switch_lr_from: float | None = None  # the learning rate just before that switch
 
   @property
   def stopped(self) -> bool:

@@ -49,6 +49,7 @@ import tqdm
 
 from cbs_jax import checkpoint as ckpt_lib
 from cbs_jax import config as config_lib
+from cbs_jax import batch_switch
 from cbs_jax import controller as controller_lib
 from cbs_jax import drift
 from cbs_jax import gradstats
@@ -70,6 +71,8 @@ from cbs_jax import sampling
 from cbs_jax import scoring
 from cbs_jax import sft
 from cbs_jax import sharding
+from cbs_jax import systems
+from cbs_jax import time_optimal
 
 
 class NonFiniteError(FloatingPointError):
@@ -89,6 +92,22 @@ def make_optimizer(oc, param_dtype: str = "float32") -> optax.GradientTransforma
     return tx if param_dtype == "float32" else precision.master_weights(tx)
 
   return optax.inject_hyperparams(make)(learning_rate=oc.lr)
+
+
+def adam_metric_of(opt_state, oc):
+  """The function grad -> Adam's preconditioner for this update
+  (``gradstats.adam_metric`` with the gradient Adam receives: clipped to
+  ``oc.grad_clip`` as ``make_optimizer`` clips it); None without Adam."""
+  if gradstats.adam_state(opt_state) is None:
+    return None
+
+  def metric(grad):
+    if oc.grad_clip:
+      norm = optax.tree.norm(grad)
+      grad = jax.tree.map(lambda g: g * jnp.minimum(1.0, oc.grad_clip / (norm + 1e-30)), grad)
+    return gradstats.adam_metric(opt_state, oc.b2, oc.eps, grad)
+
+  return metric
 
 
 def sft_base(config, workdir: str, setup: run_setup.Setup):
@@ -401,8 +420,8 @@ class RoundUpdater:
     params, opt_state = state["params"], state["opt_state"]
     gparams = precision.float32(params)  # float32 gradients whatever the param dtype
     moments = None
-    if split:  # raw, and in Adam's metric (before this update) once Adam has one
-      metric = gradstats.adam_metric(opt_state, c.optim.b2, c.optim.eps)
+    if split:  # raw, and in the metric of this update's Adam step (with its gradient)
+      metric = adam_metric_of(opt_state, c.optim)
       loss, grads, aux, moments = gradstats.split_grads(
           gparams, graphdef, mb, self.P_mb, self.K, self.rl_spec, self.sampling_spec, metric=metric
       )
@@ -472,6 +491,7 @@ class Trainer:
   leaf_groups: list
   model_config: dict  # the model config that made the arrays (checked on resume)
   updaters: dict = dataclasses.field(default_factory=dict)
+  timed: set = dataclasses.field(default_factory=set)  # P whose rounds ran in this process
 
   def updater(self, P_mb: int) -> RoundUpdater:
     if P_mb not in self.updaters:
@@ -481,12 +501,23 @@ class Trainer:
     return self.updaters[P_mb]
 
 
-def make_controller(config) -> controller_lib.AdaptiveBatch | None:
+def make_controller(
+    config, setup: run_setup.Setup | None = None
+) -> controller_lib.AdaptiveBatch | None:
   """The adaptive batch controller of ``config.batch`` (None for a fixed
-  schedule), starting at ``batch.num_prompts``."""
+  schedule), starting at ``batch.num_prompts``; with objective "time", its
+  round times: measured (``time_optimal.RoundTimes``, filled as rounds are
+  timed) or an accelerator's roofline (``round_time_model``)."""
   b = config.batch
   if b.schedule != "adaptive":
     return None
+  round_times = None
+  if b.adaptive_objective == "time":
+    round_times = (
+        time_optimal.RoundTimes()
+        if b.adaptive_round_time == "measured"
+        else round_time_model(config, setup, b.adaptive_round_time)
+    )
   return controller_lib.AdaptiveBatch(
       b.rollouts_per_prompt,
       b.adaptive_min_prompts,
@@ -495,7 +526,24 @@ def make_controller(config) -> controller_lib.AdaptiveBatch | None:
       b.adaptive_every,
       prompts=b.num_prompts,
       hysteresis=b.adaptive_hysteresis,
+      objective=b.adaptive_objective,
+      round_times=round_times,
   )
+
+
+def round_time_model(config, setup: run_setup.Setup, accelerator: str):
+  """N -> modelled seconds per round of this run's model, task layout and
+  updates per round on one ``accelerator`` (``systems.round_time``)."""
+  dims = systems.ModelDims.from_config(setup.model)
+  acc = systems.get_accelerator(accelerator)
+  Tp, Tc = setup.layout.prompt_len, setup.layout.completion_len
+  epochs = config.batch.num_epochs
+
+  @functools.cache
+  def seconds(n: int) -> float:
+    return systems.round_time(dims, acc, int(n), Tp, Tc, epochs=epochs).total_s
+
+  return seconds
 
 
 def start_run(config, workdir: str, setup: run_setup.Setup) -> tuple[Trainer, run_state.RunState]:
@@ -534,7 +582,7 @@ def start_run(config, workdir: str, setup: run_setup.Setup) -> tuple[Trainer, ru
       counters=run_state.Counters(),
       noise=noise_tracker.NoiseEMA(c.noise.ema_decay),
       noise_adam=noise_tracker.NoiseEMA(c.noise.ema_decay),
-      controller=make_controller(c),
+      controller=make_controller(c, setup),
       log=run_state.RunLog(),
   )
   if resume is not None:
@@ -690,8 +738,14 @@ def update_round(
       p = perm[mbi * P_mb : (mbi + 1) * P_mb]
       idx.append((p[:, None] * K + np.arange(K)[None]).reshape(-1))
   lr_base = c.optim.lr * lr_rules.lr_scale(c.optim.lr_rule, P_mb * K, c.optim.ref_batch)
-  step = state.counters.step
-  lrs = [lr_base * lr_rules.warmup(step + j, c.optim.warmup_steps) for j in range(len(idx))]
+  n = state.counters
+  lrs = [lr_base * lr_rules.warmup(n.step + j, c.optim.warmup_steps) for j in range(len(idx))]
+  if n.switch_step is not None:  # after an adaptive switch: from the old rate to the rule's
+    W = c.batch.adaptive_switch_warmup
+    lrs = [
+        batch_switch.ramp(n.step + j, n.switch_step, n.switch_lr_from, lr, W)
+        for j, lr in enumerate(lrs)
+    ]
   due = lambda every: bool(every) and rnd % every == 0
   if c.batch.staleness:  # params are about to change: remember this round's start
     state.history = state.history[1:] + [jax.tree.map(jnp.copy, state.params)]
@@ -711,7 +765,88 @@ def update_round(
   metrics, extras = jax.device_get((metrics, extras))  # one read per round
   rows = [{k: v[j] for k, v in metrics.items()} | {"lr": lrs[j]} for j in range(len(idx))]
   state.counters.step += len(rows)
+  state.counters.lr = lrs[-1]
   return rows, extras
+
+
+def switch_batch(config, state: run_state.RunState, P_old: int, P_new: int) -> dict:
+  """What a change of the adaptive batch from ``P_old`` to ``P_new`` prompts
+  does to the optimizer (``batch_switch``): Adam's second moment rescaled
+  for the new rollouts per update (with the raw tracker's B_noise when it
+  is resolved) and the learning rate's ramp from the current rate started
+  at the next update. Returns the ``adaptive/*`` fields to log."""
+  b = config.batch
+  M, K = b.num_minibatches, b.rollouts_per_prompt
+  iv = state.noise.interval(b.adaptive_z)
+  b_noise = iv["b_noise"] if iv["resolved"] else None
+  scale = batch_switch.nu_scale(P_old // M * K, P_new // M * K, b_noise)
+  if b.adaptive_rescale_nu:
+    state.opt_state = batch_switch.rescale_nu(state.opt_state, scale)
+  n = state.counters
+  if n.lr is not None:
+    n.switch_step, n.switch_lr_from = n.step, n.lr
+  return {"adaptive/nu_scale": scale if b.adaptive_rescale_nu else 1.0}
+
+
+def round_time_fields(trainer: Trainer, state: run_state.RunState, P: int, seconds: float) -> dict:
+  """Feed a round's measured seconds (generation + updates) to the adaptive
+  controller's measured round times (``time_optimal.RoundTimes``), except
+  a round at a P this process had not run yet (it compiled). Returns the
+  ``adaptive/round_s_pred`` field: the seconds per round the controller
+  predicts at this P (for a modelled run: its accelerator's)."""
+  ctl = state.controller
+  if ctl is None or ctl.round_times is None:
+    return {}
+  rt = ctl.round_times
+  if isinstance(rt, time_optimal.RoundTimes) and P in trainer.timed:
+    rt.record(P * trainer.config.batch.rollouts_per_prompt, seconds)
+  trainer.timed.add(P)
+  try:
+    pred = rt(P * trainer.config.batch.rollouts_per_prompt)
+  except ValueError:  # nothing measured yet
+    pred = None
+  return {"adaptive/round_s_pred": pred}
+
+
+def calibrate_round_times(trainer: Trainer, state: run_state.RunState) -> dict:
+  """Time one round at the controller's first bucket and at its neighbour
+  (the next bucket up, else down) before training: generation + the
+  round's updates on a throwaway copy of the state, each run once to
+  compile and once to time. Gives the measured throughput model its two
+  points; the run's own state and random streams are untouched. Returns
+  {N: seconds}."""
+  c, ctl = trainer.config, state.controller
+  i = ctl.buckets.index(ctl.prompts)
+  others = ctl.buckets[i + 1 : i + 2] or ctl.buckets[max(i - 1, 0) : i]
+  out = {}
+  for P in [ctl.prompts] + others:
+    for rep in range(2):
+      scratch = dataclasses.replace(
+          state,
+          params=jax.tree.map(jnp.copy, state.params),
+          opt_state=jax.tree.map(jnp.copy, state.opt_state),
+          history=[jax.tree.map(jnp.copy, h) for h in state.history],
+          counters=dataclasses.replace(state.counters),
+      )
+      t0 = time.time()
+      batch, _, _ = round_batch(
+          c,
+          trainer.graphdef,
+          scratch.params,
+          trainer.base_params,
+          trainer.setup,
+          0,
+          P,
+          trainer.mesh,
+      )
+      update_round(trainer, scratch, batch, 0, P)
+      jax.block_until_ready(scratch.params)
+      if rep:
+        out[P * c.batch.rollouts_per_prompt] = time.time() - t0
+  for n_, t in out.items():
+    ctl.round_times.record(n_, t)
+  trainer.timed.update(P for P in [ctl.prompts] + others)
+  return out
 
 
 def check_finite(trainer: Trainer, state: run_state.RunState, rows: list, r1: int) -> None:
@@ -765,9 +900,7 @@ def update_trackers(config, state: run_state.RunState, extras: dict, P: int) -> 
   state.log.add_split(split.trace_intra, split.trace_inter, split.g2)
   row = noise_row("noise_split", split)
   row.update(noise_row("noise_ema", state.noise.update(est, P_mb, K)))
-  U = config.batch.num_minibatches * config.batch.num_epochs
-  if extras.get("split_adam") is not None and state.counters.step > U:
-    # (Adam's metric exists only after its first step)
+  if extras.get("split_adam") is not None:  # Adam's metric with this update's gradient
     est = noise.split_estimates(gradstats.sum_leaves(extras["split_adam"]))
     row.update(noise_row("noise_split_adam", noise_stats.noise_stats(est, P_mb, K)))
     row.update(noise_row("noise_ema_adam", state.noise_adam.update(est, P_mb, K)))
@@ -890,6 +1023,15 @@ def _train_rl(c, workdir, setup):
     n.base_pass_rate = record_evaluation(state, 0, ev)
     trainer.writer.write({"round": 0, "rollouts_seen": 0} | ev)
   end = n.round if n.stopped else c.train.num_rounds
+  ctl = state.controller
+  if (
+      ctl is not None
+      and isinstance(ctl.round_times, time_optimal.RoundTimes)
+      and c.batch.adaptive_calibrate
+      and not ctl.round_times.records
+      and n.round < end
+  ):
+    calibrate_round_times(trainer, state)
   bar = tqdm.tqdm(
       range(n.round, end),
       initial=n.round,
@@ -900,7 +1042,10 @@ def _train_rl(c, workdir, setup):
   )
   for rnd in bar:
     r1, t0 = rnd + 1, time.time()
+    P_before = None if state.controller is None else state.controller.prompts
     P, signal = choose_prompts(c, state, rnd)
+    if P_before is not None and P != P_before:
+      signal.update(switch_batch(c, state, P_before, P))
     behaviour = state.history[0] if c.batch.staleness else state.params
     batch, rewards, gen = round_batch(
         c, trainer.graphdef, behaviour, trainer.base_params, setup, rnd, P, trainer.mesh
@@ -911,6 +1056,7 @@ def _train_rl(c, workdir, setup):
     check_finite(trainer, state, rows, r1)
     n.rollouts_seen += P * c.batch.rollouts_per_prompt
     t_upd = time.time() - t0 - t_gen
+    signal.update(round_time_fields(trainer, state, P, t_gen + t_upd))
     row = round_row(c, n, r1, P, rewards, gen, rows, extras, trainer.leaf_groups, t_gen, t_upd)
     row.update(update_trackers(c, state, extras, P))
     row.update(signal)

@@ -188,8 +188,11 @@ def test_config_ratio_is_the_committed_studys(tmp_path):
 
 
 def _config(signal, **over):
+  """An adaptive config aiming at N = the signal (objective "steps"; the
+  time objective has its own tests in tests/test_time_optimal.py)."""
   c = config_lib.base_config()
   c.batch.schedule = "adaptive"
+  c.batch.adaptive_objective = "steps"
   c.batch.adaptive_signal = signal
   c.batch.rollouts_per_prompt = 16
   c.batch.num_prompts = 16
@@ -406,6 +409,8 @@ def _tiny(base_dir, rounds):
   c.batch.adaptive_min_prompts, c.batch.adaptive_max_prompts = 4, 8  # two shapes compile
   c.batch.adaptive_every, c.batch.adaptive_factor = 2, 20.0
   c.batch.adaptive_hysteresis, c.batch.adaptive_z = 1.0, 1.0
+  c.batch.adaptive_objective = "steps"  # deterministic choices (no measured round times)
+  c.batch.adaptive_switch_warmup = 0  # the lr jumps to the rule's (asserted below)
   c.noise.ema_decay = 0.7
   c.optim.lr, c.optim.ref_batch = 1e-4, 64
   c.train.num_rounds, c.train.eval_every, c.train.eval_prompts = rounds, rounds, 32

@@ -5,12 +5,14 @@ Python loop of jax.grad."""
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 
 from cbs_jax import config as config_lib
 from cbs_jax import gradstats
 from cbs_jax import model as model_lib
 from cbs_jax import noise
+from cbs_jax import noise_tracker
 from cbs_jax import objective
 from cbs_jax import rl
 from cbs_jax import scoring
@@ -276,3 +278,68 @@ def test_noise_in_adams_metric_matches_scaled_per_rollout_gradients():
   got = gradstats.sum_leaves(scaled)
   for f in ("d_intra", "d_inter", "cross"):
     np.testing.assert_allclose(getattr(got, f), getattr(want, f), rtol=1e-4, atol=1e-7)
+
+
+def _adam_state_like(params, count, nu):
+  """optax.adam's state for ``params`` with step ``count`` and second moment ``nu``."""
+  state = optax.adam(1e-3).init(params)
+  return jax.tree.map(
+      lambda s: (
+          s._replace(count=jnp.asarray(count, jnp.int32), nu=nu)
+          if isinstance(s, optax.ScaleByAdamState)
+          else s
+      ),
+      state,
+      is_leaf=lambda s: isinstance(s, optax.ScaleByAdamState),
+  )
+
+
+@pytest.mark.parametrize("steps_before", [0, 1, 30])
+def test_adam_metric_with_the_gradient_is_the_preconditioner_of_adams_step(steps_before):
+  """With b1 = 0 Adam's step is -lr * g * D: optax's own update is the
+  independent computation, from the first step on (where the metric taken
+  before the update is undefined)."""
+  rng = np.random.default_rng(steps_before)
+  params = {"w": jnp.zeros((5, 3)), "b": jnp.zeros((3,))}
+  draw = lambda: jax.tree.map(lambda x: jnp.asarray(rng.normal(size=x.shape), jnp.float32), params)
+  tx = optax.adam(0.1, b1=0.0, b2=0.99, eps=1e-8)
+  state = tx.init(params)
+  for _ in range(steps_before):
+    _, state = tx.update(draw(), state, params)
+  g = draw()
+  d = gradstats.adam_metric(state, 0.99, 1e-8, g)
+  upd, _ = tx.update(g, state, params)
+  for leaf_u, leaf_g, leaf_d in zip(*(jax.tree.leaves(t) for t in (upd, g, d))):
+    np.testing.assert_allclose(leaf_u, -0.1 * leaf_g * leaf_d, rtol=1e-5)
+  before = gradstats.adam_metric(state, 0.99, 1e-8)  # the old definition, for contrast
+  if steps_before == 0:  # nu = 0: the old metric is 1 / eps, ~10^8 x too large
+    assert float(jax.tree.leaves(before)[0].min()) > 1e7
+
+
+def test_adam_metric_tracker_equals_the_raw_one_where_the_preconditioner_is_the_identity():
+  """nu chosen so that Adam's nu_hat after this gradient is exactly 1 (eps 0):
+  the split moments in Adam's metric equal the raw ones, and so do the two
+  trackers fed with them."""
+  graphdef, params = tiny_model()
+  rl_cfg, s_cfg = cfgs("seq_mean_token_mean")
+  b2, count = 0.99, 50
+  raw_ema, adam_ema = noise_tracker.NoiseEMA(0.8), noise_tracker.NoiseEMA(0.8)
+  for seed in range(4):
+    batch = make_batch(graphdef, params, seed=seed)
+    _, g, _, _ = gradstats.split_grads(params, graphdef, batch, P, K, rl_cfg, s_cfg)
+    corr = 1.0 - b2 ** (count + 1)
+    nu = jax.tree.map(lambda x: (corr - (1.0 - b2) * x * x) / b2, g)
+    assert min(float(jnp.min(v)) for v in jax.tree.leaves(nu)) >= 0.0
+    opt_state = _adam_state_like(params, count, nu)
+    metric = lambda grad: gradstats.adam_metric(opt_state, b2, 0.0, grad)
+    _, _, _, (raw, scaled) = gradstats.split_grads(
+        params, graphdef, batch, P, K, rl_cfg, s_cfg, metric=metric
+    )
+    e_raw = noise.split_estimates(gradstats.sum_leaves(raw))
+    e_adam = noise.split_estimates(gradstats.sum_leaves(scaled))
+    for k in noise.ESTIMATE_KEYS:
+      np.testing.assert_allclose(float(e_adam[k]), float(e_raw[k]), rtol=1e-4, atol=1e-9)
+    raw_ema.update(e_raw, P, K)
+    adam_ema.update(e_adam, P, K)
+  for k, v in raw_ema.value().items():
+    assert adam_ema.value()[k] == pytest.approx(v, rel=1e-4, abs=1e-9)

@@ -4,12 +4,28 @@ Each case is a config and a number of rounds; the rows the run logs, minus
 the wall-clock fields, are stored as JSON in this folder. The stored files
 were written at the commit before the typed-state refactor (see the file's
 ``commit`` field), so ``tests/test_golden.py`` checks that the refactor left
-every logged number bit-identical on the same machine.
+every logged number bit-identical on the same kind of processor.
 
-    python tests/golden/make_golden.py            # write every case
+Why per processor: XLA compiles for the host's instruction set (AVX2 or
+AVX-512 vector widths change the order of float sums), and a run's small
+differences grow over training. The same seed on an AVX-512 box and on
+the same box limited to AVX2 (XLA_FLAGS=--xla_cpu_max_isa=AVX2) gives base
+expected pass rates 0.1444 vs 0.1417 in the quickstart case. So a file
+``<case>@<fingerprint>.json`` holds the rows of one processor kind
+(``fingerprint``: the instruction-set flags XLA can target and the jaxlib
+version); ``<case>.json`` without one was written before fingerprints were
+recorded, on a processor not known now.
+
+    python tests/golden/make_golden.py            # write every case for this processor
     python tests/golden/make_golden.py quickstart # one case
+
+To record a new processor kind at the pre-refactor commit, copy this file
+into a worktree of that commit and run it there (it imports the code of the
+tree it sits in), then copy the written files back.
 """
 
+import glob
+import hashlib
 import json
 import os
 import subprocess
@@ -61,6 +77,16 @@ def adaptive_offpolicy():
   c.batch.adaptive_min_prompts = 8
   c.batch.adaptive_max_prompts = 32
   c.batch.adaptive_every = 3
+  # the controller as it was when the fixture was written: aim at N = the
+  # signal, no lr ramp or second-moment rescaling on a switch
+  # (fields the pre-refactor code does not have are set only where they exist)
+  for field, value in (
+      ("adaptive_objective", "steps"),
+      ("adaptive_switch_warmup", 0),
+      ("adaptive_rescale_nu", False),
+  ):
+    if field in c.batch:
+      c.batch[field] = value
   c.batch.num_minibatches = 2
   c.batch.num_epochs = 2
   c.batch.staleness = 1
@@ -99,20 +125,61 @@ def run_case(name: str, workdir: str) -> list[dict]:
   return [clean(r) for r in rows]
 
 
-def path(name: str) -> str:
-  return os.path.join(HERE, f"{name}.json")
+ISA_PREFIXES = ("avx", "fma", "f16c", "amx", "sse4", "bmi", "vaes", "vpclmul", "gfni")
+
+
+def processor() -> dict:
+  """What decides XLA's CPU code: the instruction-set flags it can target
+  (from /proc/cpuinfo; empty where that is not readable) and jaxlib's
+  version."""
+  import jaxlib  # pylint: disable=import-outside-toplevel
+
+  flags = set()
+  try:
+    with open("/proc/cpuinfo") as f:
+      for line in f:
+        if line.startswith("flags"):
+          flags |= {x for x in line.split(":", 1)[1].split() if x.startswith(ISA_PREFIXES)}
+  except OSError:
+    pass
+  return dict(isa=sorted(flags), jaxlib=jaxlib.__version__)
+
+
+def fingerprint(proc: dict | None = None) -> str:
+  proc = processor() if proc is None else proc
+  return hashlib.sha1(json.dumps(proc, sort_keys=True).encode()).hexdigest()[:10]
+
+
+def path(name: str, fp: str | None = None) -> str:
+  """The fixture of case ``name`` for processor fingerprint ``fp`` (None:
+  the one written before fingerprints were recorded)."""
+  return os.path.join(HERE, f"{name}.json" if fp is None else f"{name}@{fp}.json")
+
+
+def fixtures(name: str) -> dict:
+  """{fingerprint or None: the stored file's content} of case ``name``."""
+  out = {}
+  for p in sorted(glob.glob(os.path.join(HERE, f"{name}*.json"))):
+    stem = os.path.basename(p)[: -len(".json")]
+    case, _, fp = stem.partition("@")
+    if case == name:
+      with open(p) as f:
+        out[fp or None] = json.load(f)
+  return out
 
 
 def main(names):
   commit = subprocess.run(
       ["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True
   ).stdout.strip()
+  proc = processor()
+  fp = fingerprint(proc)
   for name in names or CASES:
     with tempfile.TemporaryDirectory() as d:
       rows = run_case(name, d)
-    with open(path(name), "w") as f:
-      json.dump({"case": name, "commit": commit, "rows": rows}, f, indent=1)
-    print(f"wrote {path(name)}: {len(rows)} rows")
+    with open(path(name, fp), "w") as f:
+      json.dump({"case": name, "commit": commit, "processor": proc, "rows": rows}, f, indent=1)
+    print(f"wrote {path(name, fp)}: {len(rows)} rows")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,116 @@
+"""The time-optimal batch size: the N that reaches a target soonest.
+
+By the batch-size law (docs/batch_law.md, "The law") a run at N rollouts per
+round needs S(N) = S_min (1 + B / N) rounds to a target, so its time is
+
+    T(N) = S_min (1 + B / N) round_time(N).
+
+S_min cancels from the choice: ``relative_time`` is (1 + B / N) round_time(N)
+(seconds per S_min) and ``best_n`` its argmin over a set of N. The same rule
+serves the planner (``cbs_jax.plan``, round_time from a roofline) and the
+adaptive controller (``cbs_jax.controller``, round_time measured on the
+machine the run is on, ``RoundTimes``, or an accelerator's roofline for a
+modelled run). B is B_crit (or B_noise as its estimate). The argmin does not
+decrease as B grows (log(N + B) has decreasing differences in N as B grows),
+so an interval [B_lo, B_hi] maps to an interval of optimal N.
+
+``RoundTimes`` is the measured throughput model: seconds per round recorded
+per N (the median of the latest ``window`` rounds at that N), and for an N
+not yet measured a fit t(N) = t0 + N / r (a per-round latency floor t0 and a
+throughput r) through the measured N, or, with fewer than two measured N, a
+prior model (``prior``: a roofline) rescaled to agree with the measured one,
+or with no prior, t proportional to N (flat throughput: the conservative
+guess, it never predicts that a larger N pays before one was measured).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable, Mapping, Sequence
+
+import numpy as np
+
+
+def relative_time(n: float, b: float, round_s: float) -> float:
+  """(1 + b / n) round_s: seconds to a target per S_min rounds."""
+  if not n > 0:
+    raise ValueError(f"batch size n={n!r} must be > 0")
+  if not b >= 0:
+    raise ValueError(f"B={b!r} must be >= 0")
+  return (1.0 + b / n) * round_s
+
+
+def best_n(ns: Sequence[int], b: float, round_time: Callable[[int], float]) -> int:
+  """The N of ``ns`` with the least ``relative_time`` (ties: the smaller N)."""
+  if not len(ns):
+    raise ValueError("best_n needs at least one batch size")
+  t = [relative_time(n, b, round_time(n)) for n in ns]
+  return int(ns[int(np.argmin(t))])
+
+
+def _fit_floor_rate(ns: Sequence[float], ts: Sequence[float]) -> tuple[float, float]:
+  """Least-squares t = t0 + c N with t0, c >= 0 (the better one-parameter
+  fit when the free fit leaves the constraint). Returns (t0, c)."""
+  n, t = np.asarray(ns, float), np.asarray(ts, float)
+  A = np.stack([np.ones_like(n), n], axis=1)
+  (t0, c), *_ = np.linalg.lstsq(A, t, rcond=None)
+  if t0 >= 0 and c >= 0:
+    return float(t0), float(c)
+  c_only = float(max(np.dot(n, t) / np.dot(n, n), 0.0))
+  t0_only = float(max(np.mean(t), 0.0))
+  sse = lambda a, b: float(np.sum((a + b * n - t) ** 2))
+  return (0.0, c_only) if sse(0.0, c_only) <= sse(t0_only, 0.0) else (t0_only, 0.0)
+
+
+class RoundTimes:
+  """Measured seconds per round by batch size, with a prediction elsewhere.
+
+  ``record(n, seconds)`` after each timed round (leave out rounds that
+  compiled); ``predict(n)`` gives the median of the latest ``window``
+  records at n, else the model described in the module docstring.
+  ``state_dict`` / ``load_state_dict`` carry the records across a
+  checkpoint, so a resumed run predicts what the uninterrupted one would.
+  """
+
+  def __init__(self, window: int = 5, prior: Callable[[int], float] | None = None):
+    if not (isinstance(window, int) and window >= 1):
+      raise ValueError(f"window={window!r} must be an integer >= 1")
+    self.window = window
+    self.prior = prior
+    self.records: dict[int, list[float]] = {}
+
+  def record(self, n: int, seconds: float) -> None:
+    if not (math.isfinite(seconds) and seconds > 0):
+      return  # a clock glitch says nothing about throughput
+    rec = self.records.setdefault(int(n), [])
+    rec.append(float(seconds))
+    del rec[: -self.window]
+
+  def measured(self) -> dict[int, float]:
+    """The median seconds per round of each measured N."""
+    return {n: float(np.median(v)) for n, v in sorted(self.records.items()) if v}
+
+  def predict(self, n: int) -> float:
+    m = self.measured()
+    if n in m:
+      return m[n]
+    if len(m) >= 2:
+      t0, c = _fit_floor_rate(list(m), list(m.values()))
+      return t0 + c * n
+    if not m:
+      if self.prior is None:
+        raise ValueError("RoundTimes has no measurement and no prior model")
+      return float(self.prior(n))
+    ((n1, t1),) = m.items()
+    if self.prior is not None:
+      return float(self.prior(n)) * t1 / float(self.prior(n1))
+    return t1 * n / n1
+
+  __call__ = predict
+
+  def state_dict(self) -> dict:
+    return dict(window=self.window, records={str(n): list(v) for n, v in self.records.items()})
+
+  def load_state_dict(self, state: Mapping) -> None:
+    self.window = int(state.get("window", self.window))
+    self.records = {int(n): [float(x) for x in v] for n, v in state.get("records", {}).items()}

@@ -1,0 +1,210 @@
+"""The time-optimal batch size (``cbs_jax.time_optimal``) and the adaptive
+controller aiming at it (``controller.AdaptiveBatch(objective="time")``),
+checked against closed forms and synthetic throughput curves."""
+
+import math
+
+import numpy as np
+import pytest
+
+from cbs_jax import controller
+from cbs_jax import noise_tracker
+from cbs_jax import plan
+from cbs_jax import systems
+from cbs_jax import time_optimal
+
+K = 16
+BUCKETS = (4, 512)  # prompts: N = 64 ... 8,192
+
+
+def test_best_n_is_the_closed_form_optimum_of_a_floor_and_rate():
+  """t(N) = t0 + N / r: T(N) ~ (1 + B/N)(t0 + N/r) has its minimum at
+  N* = sqrt(B t0 r); over powers of two the best one is a neighbour of N*
+  and the better of the two neighbours."""
+  ns = [2**j for j in range(4, 17)]
+  for b, t0, r in [(5000.0, 0.01, 3500.0), (300.0, 0.5, 1e5), (2e4, 1e-3, 200.0)]:
+    rt = lambda n: t0 + n / r
+    star = math.sqrt(b * t0 * r)
+    below = max([n for n in ns if n <= star], default=ns[0])
+    above = min([n for n in ns if n >= star], default=ns[-1])
+    want = min((below, above), key=lambda n: ((1 + b / n) * rt(n), n))
+    assert time_optimal.best_n(ns, b, rt) == want
+
+
+def test_best_n_does_not_decrease_with_b():
+  rng = np.random.default_rng(0)
+  ns = [2**j for j in range(4, 15)]
+  for _ in range(50):
+    secs = np.sort(rng.uniform(0.01, 1.0, len(ns)))  # any increasing round times
+    rt = dict(zip(ns, secs)).__getitem__
+    picks = [time_optimal.best_n(ns, b, rt) for b in np.geomspace(1, 1e6, 40)]
+    assert picks == sorted(picks)
+
+
+def test_relative_time_and_best_n_reject_bad_input():
+  with pytest.raises(ValueError, match="n=0"):
+    time_optimal.relative_time(0, 1.0, 1.0)
+  with pytest.raises(ValueError, match="B=-1"):
+    time_optimal.relative_time(4, -1.0, 1.0)
+  with pytest.raises(ValueError, match="at least one"):
+    time_optimal.best_n([], 1.0, lambda n: 1.0)
+
+
+def test_the_planner_uses_the_same_rule():
+  """plan.recommend's best row is time_optimal.best_n of its own round times."""
+  res = plan.recommend(
+      dict(b_noise=3000.0, K=16), "h100_sxm", 1, systems.ModelDims(64, 128, 4, 4, 4, 512), 8, 48
+  )
+  rows = res["rows"]
+  rt = {r["n"]: r["round_s"] for r in rows}
+  assert res["best"]["n"] == time_optimal.best_n(list(rt), 3000.0, rt.__getitem__)
+  for r in rows:
+    assert r["time_rel"] == pytest.approx(
+        time_optimal.relative_time(r["n"], 3000.0, r["round_s"])
+        / min(time_optimal.relative_time(n, 3000.0, t) for n, t in rt.items())
+    )
+
+
+# ------------------------------------------------------------- RoundTimes
+
+
+def test_round_times_recover_the_floor_and_rate_they_were_given():
+  t0, r = 0.12, 2500.0
+  rt = time_optimal.RoundTimes(window=3)
+  for n in (64, 256, 1024):
+    for _ in range(3):
+      rt.record(n, t0 + n / r)
+  fit_t0, fit_c = time_optimal._fit_floor_rate(*zip(*rt.measured().items()))
+  assert fit_t0 == pytest.approx(t0, rel=1e-9) and fit_c == pytest.approx(1 / r, rel=1e-9)
+  assert rt(16384) == pytest.approx(t0 + 16384 / r, rel=1e-9)
+
+
+def test_round_times_use_the_median_of_the_latest_window():
+  rt = time_optimal.RoundTimes(window=3)
+  for s in (9.0, 1.0, 2.0, 3.0, float("nan"), -1.0):  # the first falls out; bad clocks skipped
+    rt.record(128, s)
+  assert rt(128) == 2.0
+
+
+def test_round_times_without_two_points_use_the_prior_or_flat_throughput():
+  with pytest.raises(ValueError, match="no measurement"):
+    time_optimal.RoundTimes()(64)
+  flat = time_optimal.RoundTimes()
+  flat.record(256, 1.0)
+  assert flat(1024) == pytest.approx(4.0)  # t proportional to N
+  prior = time_optimal.RoundTimes(prior=lambda n: 0.5 + n / 1000)
+  assert prior(1000) == pytest.approx(1.5)
+  prior.record(1000, 3.0)  # measured 2x the prior: the prior is rescaled
+  assert prior(2000) == pytest.approx(2 * 2.5)
+
+
+def test_round_times_fit_keeps_floor_and_rate_non_negative():
+  rt = time_optimal.RoundTimes()
+  rt.record(64, 1.0)
+  rt.record(4096, 0.5)  # faster at a larger N: no negative rate, a flat floor
+  assert rt(1024) == pytest.approx(0.75)
+
+
+# ------------------------------------------------ the controller, synthetic
+
+
+def _feed(ema, b, rng, noise_frac=0.3):
+  u = lambda: 1 + noise_frac * rng.uniform(-1, 1)
+  ema.update(dict(trace_intra=b * 2 / 3 * u(), trace_inter=b / 3 / K * u(), g2=u()), 16, K)
+
+
+def _run(round_s, b_of_t, rounds=200, every=5, seed=0, start=16, decay=0.95):
+  """Drive a time-objective controller with tracker intervals around
+  B(t) and round times measured from ``round_s`` (as the trainer records
+  them: one per round at the current N). Returns the prompts per round."""
+  rt = time_optimal.RoundTimes()
+  ctl = controller.AdaptiveBatch(
+      K, *BUCKETS, every=every, prompts=start, objective="time", round_times=rt
+  )
+  rt.record(start * K, round_s(start * K))  # the calibration's two points
+  rt.record(2 * start * K, round_s(2 * start * K))
+  ema, rng, sizes = noise_tracker.NoiseEMA(decay), np.random.default_rng(seed), []
+  for t in range(rounds):
+    P = ctl.update(t, ema.interval(2.0))
+    sizes.append(P)
+    rt.record(P * K, round_s(P * K) * (1 + 0.05 * rng.standard_normal()))
+    _feed(ema, b_of_t(t), rng)
+  return sizes, ctl
+
+
+def test_flat_throughput_settles_on_a_small_n():
+  """Throughput flat (round time proportional to N, as on this CPU above
+  N = 128): the time-optimal N is the smallest bucket; with a 5% noisy
+  clock the fitted floor is not exactly 0, so the run settles at or next to
+  it, below where it started."""
+  for seed in range(3):
+    sizes, _ = _run(lambda n: n / 3500, lambda t: 5000.0, seed=seed)
+    assert sizes[-1] <= 2 * BUCKETS[0] < sizes[0], sizes
+
+
+def test_rising_throughput_settles_on_a_large_n():
+  """Round time nearly independent of N (an accelerator below its
+  compute bound): the time-optimal N is the largest bucket."""
+  sizes, _ = _run(lambda n: 0.5 + n / 1e7, lambda t: 5000.0)
+  assert sizes[-1] == BUCKETS[1]
+
+
+@pytest.mark.parametrize("every", [1, 5, 10])
+@pytest.mark.parametrize("seed", range(3))
+def test_noisy_flat_b_changes_n_at_most_once_in_200_rounds(every, seed):
+  """A floor and rate that put the optimum in the middle (N* = sqrt(B t0 r)
+  = 1,183 rollouts at B = 2,000): with B flat but each round's estimate
+  +-30% noisy, N moves once at most."""
+  sizes, ctl = _run(lambda n: 0.2 + n / 3500, lambda t: 2000.0, every=every, seed=seed)
+  assert ctl.changes <= 1, sizes
+  assert sum(a != b for a, b in zip(sizes, sizes[1:])) == ctl.changes
+
+
+def test_time_controller_holds_until_resolved_and_without_round_times():
+  ctl = controller.AdaptiveBatch(
+      K, *BUCKETS, every=1, prompts=16, objective="time", round_times=time_optimal.RoundTimes()
+  )
+  resolved = dict(value=5000.0, lo=4000.0, hi=6000.0, resolved=True)
+  assert ctl.update(1, resolved) == 16 and math.isnan(ctl.target)  # nothing measured yet
+  ctl.round_times.record(256, 0.5)
+  ctl.round_times.record(512, 0.5)
+  assert ctl.update(2, dict(resolved, resolved=False)) == 16  # unresolved: hold
+  assert ctl.update(3, resolved) == BUCKETS[1]  # constant round time: as large as allowed
+
+
+def test_time_controller_state_round_trips_with_its_round_times():
+  sizes, ctl = _run(lambda n: 0.2 + n / 3500, lambda t: 2000.0, rounds=40)
+  fresh = controller.AdaptiveBatch(
+      K, *BUCKETS, every=5, prompts=16, objective="time", round_times=time_optimal.RoundTimes()
+  )
+  fresh.load_state_dict(ctl.state_dict())
+  assert fresh.prompts == ctl.prompts and fresh.changes == ctl.changes
+  assert fresh.round_times.measured() == ctl.round_times.measured()
+  signal = dict(value=9000.0, lo=8000.0, hi=10000.0, resolved=True)
+  assert fresh.update(45, dict(signal)) == ctl.update(45, dict(signal))
+
+
+def test_time_objective_needs_round_times_and_a_known_objective():
+  with pytest.raises(ValueError, match="round_times"):
+    controller.AdaptiveBatch(K, *BUCKETS, prompts=16, objective="time")
+  with pytest.raises(ValueError, match="objective='wall'"):
+    controller.AdaptiveBatch(K, *BUCKETS, prompts=16, objective="wall")
+
+
+def test_an_accelerator_model_moves_the_choice_as_the_rule_predicts():
+  """The same controller and signal with two throughput models: on a CPU-like
+  flat curve it goes small, on an accelerator's roofline (decode bound by
+  memory until large N) it goes larger -- to best_n under that model."""
+  dims = systems.ModelDims(64, 128, 4, 4, 4, 512)
+  acc = systems.get_accelerator("h100_sxm")
+  roof = lambda n: systems.round_time(dims, acc, int(n), 8, 48).total_s
+  b = dict(value=5000.0, lo=4500.0, hi=5500.0, resolved=True)
+  picks = {}
+  for name, rt in (("flat", lambda n: n / 3000.0), ("h100", roof)):
+    ctl = controller.AdaptiveBatch(
+        K, *BUCKETS, every=1, prompts=16, objective="time", round_times=rt
+    )
+    picks[name] = ctl.update(1, b)
+    ns = [p * K for p in ctl.buckets]
+    assert picks[name] * K == time_optimal.best_n(ns, 5000.0, rt) or picks[name] == 16
+  assert picks["flat"] == BUCKETS[0] and picks["h100"] > picks["flat"]
