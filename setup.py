@@ -9,6 +9,7 @@ setuptools.setup(
         "Measure gradient noise and the critical batch size of "
         "GRPO/PPO policy optimization for LLMs (JAX, Flax NNX)."
     ),
+    license="Apache-2.0",
     packages=setuptools.find_packages(include=["cbs_jax", "cbs_jax.*", "configs"]),
     package_data={"cbs_jax.tasks": ["data/*.jsonl"]},
     python_requires=">=3.10",
