@@ -647,11 +647,13 @@ def adaptive_batch(
     signal_label: str = "tracked B_noise (rollouts)",
     xlabel: str = "training round (generation rounds)",
     signal_rounds=None,
+    predicted=None,
 ) -> Figure:
   """The adaptive controller over training: the chosen N per round (top,
   a step plot, log2 axis) above the signal it tracks with its interval
   (bottom; log axis when positive). ``signal_rounds``: x of the signal
-  when it is not logged every round (default ``rounds``)."""
+  when it is not logged every round (default ``rounds``); ``predicted``:
+  the N the controller's rule asks for at each round (dashed, top)."""
   fig, (ax_n, ax_s) = _new(1, 2, size=(6.4, 2.6), sharex=True)
   x, n = _arr(rounds), _arr(batch_size)
   ax_n.step(x, n, where="post", color="0.0", linewidth=1.4, label="chosen N")
@@ -661,6 +663,17 @@ def adaptive_batch(
   if _log_ok(n):
     ax_n.set_yscale("log", base=2)
     ax_n.yaxis.set_major_formatter(ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+  if predicted is not None:
+    ax_n.step(
+        x,
+        _arr(predicted),
+        where="post",
+        color=COLORS[2],
+        linestyle="--",
+        linewidth=1.1,
+        label="predicted optimum",
+    )
+    ax_n.legend(loc="best", fontsize="small")
   ax_n.set_ylabel("batch size N (rollouts per round)")
   xs, s = _arr(signal_rounds if signal_rounds is not None else rounds), _arr(signal)
   if lo is not None and hi is not None:

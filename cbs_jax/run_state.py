@@ -73,6 +73,7 @@ class RunLog:
   evaluations: list[Evaluation] = dataclasses.field(default_factory=list)
   gen_seconds: float = 0.0
   update_seconds: float = 0.0
+  calibration_seconds: float = 0.0  # the adaptive controller's round-time calibration
   # the split estimator's per-round (trace_intra, trace_inter, g2), rounds
   # where g2 was not a number left out
   split: list[dict[str, float]] = dataclasses.field(default_factory=list)
@@ -90,6 +91,7 @@ class RunLog:
         evaluations=[Evaluation(**e) for e in d["evaluations"]],
         gen_seconds=d["gen_seconds"],
         update_seconds=d["update_seconds"],
+        calibration_seconds=d.get("calibration_seconds", 0.0),
         split=list(d["split"]),
     )
 

@@ -5,6 +5,7 @@
   on-policy study's sweep root, which the other studies read back, is the
   default of --on_root here and nowhere else in the library: a script
   passes ``args.on_root`` to whatever reads it.
+* ``run_on_grid``: one run that evaluates only on a grid of rollouts.
 * ``run_study`` / ``run_variants``: run (or resume, or read back) a sweep
   (``cbs_jax.sweep``) after building its shared SFT base once
   (``prepare_base``); ``read_finished``: the rows of a sweep another study
@@ -137,3 +138,25 @@ def run_variants(configs: dict, root: str, workers: int = 1, progress: bool = Tr
   prepare_base(base, root)
   rows = sweep.run_sweep(base, over, root, names=names, workers=workers, progress=progress)
   return dict(zip(names, rows))
+
+
+def run_on_grid(config, workdir, grid: int):
+  """``train.train_and_evaluate`` evaluating only at round 0 and at the first
+  round whose rollouts reach each multiple of ``grid`` (the config evaluates
+  every round; the other evaluations are skipped, so they cost nothing and a
+  stop at the target happens on the grid). Module level: sweep workers
+  pickle it (``functools.partial(run_on_grid, grid=...)``)."""
+  evaluate = train.evaluate
+
+  def on_grid(trainer, state):
+    seen = state.counters.rollouts_seen
+    done = state.log.evaluations  # the last evaluation's multiple of the grid
+    if seen and done and seen // grid <= done[-1].rollouts // grid:
+      return {}
+    return evaluate(trainer, state)
+
+  train.evaluate = on_grid
+  try:
+    return train.train_and_evaluate(config, workdir)
+  finally:
+    train.evaluate = evaluate

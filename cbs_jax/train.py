@@ -1031,7 +1031,9 @@ def _train_rl(c, workdir, setup):
       and not ctl.round_times.records
       and n.round < end
   ):
+    t_cal = time.time()
     calibrate_round_times(trainer, state)
+    state.log.calibration_seconds += time.time() - t_cal
   bar = tqdm.tqdm(
       range(n.round, end),
       initial=n.round,
@@ -1127,6 +1129,7 @@ def summarise(c, state: run_state.RunState, base_summary: dict, wall: float) -> 
       wall_seconds_this_call=wall,
       gen_seconds=log.gen_seconds,
       update_seconds=log.update_seconds,
+      calibration_seconds=log.calibration_seconds,
       sft=base_summary,
   )
   # Noise: pool the per-round split estimates of the last half of training

@@ -161,28 +161,6 @@ class Rate:
 # ------------------------------------------------------------------ runs
 
 
-def run_on_grid(config, workdir, grid: int):
-  """``train.train_and_evaluate`` evaluating only at round 0 and at the first
-  round whose rollouts reach each multiple of ``grid`` (the config evaluates
-  every round; the other evaluations are skipped, so they cost nothing and a
-  stop at the target happens on the grid). Module level: sweep workers
-  pickle it."""
-  evaluate = train.evaluate
-
-  def on_grid(trainer, state):
-    seen = state.counters.rollouts_seen
-    done = state.log.evaluations  # the last evaluation's multiple of the grid
-    if seen and done and seen // grid <= done[-1].rollouts // grid:
-      return {}
-    return evaluate(trainer, state)
-
-  train.evaluate = on_grid
-  try:
-    return train.train_and_evaluate(config, workdir)
-  finally:
-    train.evaluate = evaluate
-
-
 def run_record(row: dict, arm: str, targets, rate: Rate | None) -> dict:
   """One run: its evaluations against rounds, rollouts and modelled seconds,
   to-target at each target, and the per-round N and adaptive signal."""
@@ -391,7 +369,11 @@ def main(argv=None):
   grid = adaptive_batch.eval_grid(arg)
   study_runner.prepare_base(c, args.root)
   ad_rows = sweep.run_sweep(
-      c, over, args.root, workers=args.workers, run_fn=functools.partial(run_on_grid, grid=grid)
+      c,
+      over,
+      args.root,
+      workers=args.workers,
+      run_fn=functools.partial(study_runner.run_on_grid, grid=grid),
   )
   for s in args.signals:
     rows = [r for r in ad_rows if r["overrides"]["batch.adaptive_signal"] == s]

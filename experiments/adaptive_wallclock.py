@@ -1,0 +1,420 @@
+"""Adaptive batch size against fixed N in measured wall clock, and the same
+controller under an accelerator's throughput model.
+
+    python experiments/adaptive_wallclock.py            # the study (~30 min, idle machine)
+    python experiments/adaptive_wallclock.py --quick    # tiny smoke version (minutes)
+
+Part 1, measured on this machine. Arms, one run at a time (seeds
+interleaved, so a change of machine speed falls on every arm alike), every
+run from one SFT base (``<root>/sft_base``, the on-policy study's recipe):
+
+* adaptive -- ``configs/adaptive_batch.py:b_noise`` with the time objective
+  (``cbs_jax.controller``, ``docs/batch_law.md``: the bucket with the least
+  predicted time to a target, (1 + B / N) t(N), B from the live tracker,
+  t(N) the round times measured on this machine with a calibration at
+  start), Adam's second moment rescaled and the lr ramped on a switch;
+* fixed best -- ``--best_n`` (default 128: the least time to 0.54 of the
+  on-policy study's N grid in ``experiments/results/adaptive_batch/``);
+* fixed default -- N = 256, the config default.
+
+Wall clock to a target: the seconds the run spent in its rounds (generation
+and updates, with every compile: the first round at each N compiles) up to
+the round of the first evaluation at or past the target, plus the adaptive
+run's calibration. Evaluation is left out (every arm evaluates on the same
+rollout grid, ``configs/adaptive_batch.py`` EVAL_GRID). Ratios of means with
+a 90% percentile bootstrap interval (seeds resampled within each arm).
+
+Part 2, modelled. The adaptive run with ``batch.adaptive_round_time`` set to
+each of ``--accelerators``: its rounds cost the accelerator's roofline time
+for this model (``systems.round_time``), summed to the target. The fixed
+arms under the same model: rounds to the target of every N of the on-policy
+study (``--on_runs``, its committed per-run table) times the modelled round
+time; the best fixed N is the least mean modelled time.
+
+Writes <out>/adaptive_wallclock/: the table (.md, .csv), one line per run
+(``_runs.csv``), the per-run curves (``_curves.csv``: round, N, rollouts,
+seconds, held-out pass), N over training beside the signal and the
+predicted optimum (``_n.png``), manifest.json.
+"""
+
+from __future__ import annotations
+
+import csv
+import functools
+import math
+import os
+import sys
+import time
+
+import numpy as np
+from absl import logging
+from scipy import stats as sps
+
+from cbs_jax import batch_law as batch_law_lib
+from cbs_jax import metrics as metrics_lib
+from cbs_jax import plots
+from cbs_jax import report
+from cbs_jax import run_setup
+from cbs_jax import stats
+from cbs_jax import study
+from cbs_jax import study_runner
+from cbs_jax import sweep
+from cbs_jax import systems
+from cbs_jax import train
+from configs import adaptive_batch
+from configs import batch_law
+
+NAME = "adaptive_wallclock"
+LEVEL = 0.9
+NEAR = 1.10  # the goal: within 10% of the best fixed N
+ON_RUNS = "experiments/results/batch_law_on_policy/batch_law_on_policy_runs.csv"
+
+
+def parse_args(argv=None):
+  ap = study_runner.parser(__doc__, NAME, "sweep root (one workdir per run)", workers=False)
+  ap.add_argument("--seeds", default=None, help="seeds, comma-separated (default 0-4; quick 0,1)")
+  ap.add_argument("--best_n", type=int, default=128, help="the best fixed N (rollouts per round)")
+  ap.add_argument("--accelerators", default="h100_sxm,tpu_v5e", help="modelled accelerators")
+  ap.add_argument(
+      "--modelled_seeds", default=None, help="seeds of the modelled runs (default 0,1,2; quick 0)"
+  )
+  ap.add_argument("--on_runs", default=ON_RUNS, help="the on-policy study's per-run table")
+  args = study_runner.parse(ap, argv)
+  seeds = lambda s, d: [int(x) for x in (s or d).split(",") if x]
+  args.seeds = seeds(args.seeds, "0,1" if args.quick else "0,1,2,3,4")
+  args.modelled_seeds = seeds(args.modelled_seeds, "0" if args.quick else "0,1,2")
+  args.accelerators = [a for a in args.accelerators.split(",") if a]
+  for a in args.accelerators:
+    try:
+      systems.get_accelerator(a)
+    except ValueError as e:
+      ap.error(f"--accelerators: {e}")
+  if len(set(args.seeds)) < 2:
+    ap.error("--seeds: need at least two seeds for an interval")
+  return args
+
+
+# ---------------------------------------------------------------- configs
+
+
+def configs(args):
+  """(adaptive config, fixed config, targets, eval grid)."""
+  arg = "quick" if args.quick else "b_noise"
+  ad = adaptive_batch.get_config(arg)
+  fx = batch_law.get_config("quick" if args.quick else "on")
+  with fx.unlocked():
+    fx.train.eval_every = 1  # evaluations on the rollout grid (run_on_grid)
+    fx.train.num_rounds = ad.train.num_rounds
+  for c in (ad, fx):
+    c.sft.base_dir = os.path.abspath(os.path.join(args.root, "sft_base"))
+  tgt = batch_law.targets("quick" if args.quick else "on")
+  return ad, fx, tgt, adaptive_batch.eval_grid(arg)
+
+
+def arms(args, ad, fx):
+  """{arm: (config, overrides per seed)} of part 1, and the modelled
+  adaptive arms of part 2."""
+  K = fx.batch.rollouts_per_prompt
+  default_n = fx.batch.num_prompts * K
+  best_n = (4 * K) if args.quick else args.best_n
+  if best_n % K:
+    raise SystemExit(f"--best_n={best_n} is not a multiple of K={K}")
+  measured = {
+      "adaptive": (ad, {}),
+      f"fixed best (N={best_n})": (fx, {"batch.num_prompts": best_n // K}),
+      f"fixed default (N={default_n})": (fx, {"batch.num_prompts": default_n // K}),
+  }
+  modelled = {f"adaptive {a}": (ad, {"batch.adaptive_round_time": a}) for a in args.accelerators}
+  return measured, modelled
+
+
+def run(config, over, root, grid):
+  return sweep.run_sweep(
+      config,
+      [over],
+      root,
+      workers=1,
+      progress=False,
+      run_fn=functools.partial(study_runner.run_on_grid, grid=grid),
+  )[0]
+
+
+# ---------------------------------------------------------------- a run
+
+
+def record(row, arm, targets, round_model=None):
+  """A run's curve (rounds, N, rollouts, measured seconds, modelled seconds
+  with ``round_model``, held-out score) and its to-target values."""
+  rows = metrics_lib.read_jsonl(os.path.join(row["workdir"], "metrics.jsonl"))
+  summ = row.get("summary") or {}
+  sec = float(summ.get("calibration_seconds") or 0.0)
+  msec = 0.0
+  curve = {k: [] for k in ("round", "N", "rollouts", "seconds", "modelled_s", "score")}
+  traj = {k: [] for k in ("round", "N", "signal", "lo", "hi", "target")}
+  N = None
+  for r in rows:
+    if "batch_size" in r:
+      N = r["batch_size"]
+      sec += r["gen_seconds"] + r["update_seconds"]
+      if round_model is not None:
+        msec += round_model(N)
+      traj["round"].append(r["round"])
+      traj["N"].append(N)
+      for k, f in (("signal", "adaptive/signal"), ("lo", "adaptive/signal_lo")):
+        traj[k].append(_float(r.get(f)))
+      traj["hi"].append(_float(r.get("adaptive/signal_hi")))
+      traj["target"].append(_float(r.get("adaptive/target_batch_size")))
+    score = study.score_of(r)
+    if score is None:
+      continue
+    curve["round"].append(r["round"])
+    curve["N"].append(N)
+    curve["rollouts"].append(r.get("rollouts_seen", 0) or 0)
+    curve["seconds"].append(sec)
+    curve["modelled_s"].append(msec)
+    curve["score"].append(score)
+  arr = {k: np.asarray(v, np.float64) for k, v in curve.items() if k != "N"}
+  xs = ("rounds", "rollouts", "seconds") + (("modelled_s",) if round_model else ())
+  to = {}
+  for t in targets:
+    to[float(t)] = {
+        x: batch_law_lib.steps_to_target(arr["round" if x == "rounds" else x], arr["score"], t)
+        for x in xs
+    }
+  return dict(
+      arm=arm,
+      seed=row["overrides"].get("seed", 0),
+      name=row["name"],
+      curve=curve,
+      traj=traj,
+      to=to,
+      N_visited=sorted({n for n in traj["N"]}),
+  )
+
+
+def _float(v):
+  if v is None:
+    return math.nan
+  return math.inf if v == "inf" else float(v)
+
+
+def ratio_interval(num, den, seed=0):
+  """Ratio of means with a percentile bootstrap interval (seeds resampled
+  within each arm; ``scipy.stats.bootstrap``); Nones when a seed of either
+  arm did not reach the target."""
+  if not num or not den or any(v is None for v in num + den):
+    return None, None, None
+  a, b = np.asarray(num, float), np.asarray(den, float)
+  res = sps.bootstrap(
+      (a, b),
+      lambda x, y, axis=-1: np.mean(x, axis=axis) / np.mean(y, axis=axis),
+      n_resamples=4000,
+      vectorized=True,
+      paired=False,
+      confidence_level=LEVEL,
+      method="percentile",
+      random_state=np.random.default_rng(seed),
+  )
+  return (
+      float(a.mean() / b.mean()),
+      float(res.confidence_interval.low),
+      float(res.confidence_interval.high),
+  )
+
+
+def verdict(r, lo, hi, threshold):
+  if r is None:
+    return "unresolved (a seed did not reach the target)"
+  if hi <= threshold:
+    return "met"
+  if lo > threshold:
+    return "not met"
+  return f"unresolved (interval straddles {threshold:g})"
+
+
+# ------------------------------------------------------ the modelled fixed arms
+
+
+def fixed_modelled(path, main_t, model):
+  """{N: [modelled seconds to main_t per seed]} from the on-policy study's
+  per-run table (rounds to target x the model's round time)."""
+  with open(path) as f:
+    rows = list(csv.DictReader(f))
+  key = next(
+      (k for k in rows[0] if k.startswith("rounds@") and float(k[len("rounds@") :]) == main_t), None
+  )
+  if key is None:
+    raise SystemExit(f"{path}: no rounds@{main_t} column; columns {list(rows[0])}")
+  out = {}
+  for r in rows:
+    N = int(r["N"])
+    v = r[key]
+    out.setdefault(N, []).append(None if v in ("", "None") else float(v) * model(N))
+  return out
+
+
+# ---------------------------------------------------------------- main
+
+
+def main(argv=None):
+  args = parse_args(argv)
+  logging.set_verbosity(logging.WARNING)
+  t0 = time.time()
+  ad, fx, tgt, grid = configs(args)
+  main_t = float(tgt[len(tgt) // 2])
+  measured, modelled = arms(args, ad, fx)
+  study_runner.prepare_base(fx, args.root)
+
+  recs = {a: [] for a in measured}
+  for seed in args.seeds:  # interleaved: seed by seed, every arm
+    for arm, (c, over) in measured.items():
+      row = run(c, dict(over, seed=seed), args.root, grid)
+      recs[arm].append(record(row, arm, tgt))
+  setup = run_setup.prepare(ad)
+  models = {a: train.round_time_model(ad, setup, a) for a in args.accelerators}
+  mrecs = {a: [] for a in modelled}
+  for seed in args.modelled_seeds:
+    for arm, (c, over) in modelled.items():
+      acc = over["batch.adaptive_round_time"]
+      row = run(c, dict(over, seed=seed), args.root, grid)
+      mrecs[arm].append(record(row, arm, tgt, models[acc]))
+
+  # ------------------------------------------------------------ part 1 table
+  best_arm = next(a for a in measured if a.startswith("fixed best"))
+  default_arm = next(a for a in measured if a.startswith("fixed default"))
+  table, verdicts = [], []
+  val = lambda rs, x: [r["to"][main_t][x] for r in rs]
+  for arm, rs in recs.items():
+    d = dict(arm=arm, N=" ".join(str(n) for n in sorted({n for r in rs for n in r["N_visited"]})))
+    d["seeds"] = len(rs)
+    for t in tgt:
+      t = float(t)
+      d[f"reached@{t}"] = f"{sum(r['to'][t]['rounds'] is not None for r in rs)}/{len(rs)}"
+      for x, lab in (("rollouts", "rollouts"), ("seconds", "wall s")):
+        iv = study.seed_interval(val(rs, x) if t == main_t else [r["to"][t][x] for r in rs], LEVEL)
+        d[f"{lab}@{t}"] = stats.fmt(iv["mean"], iv["lo"], iv["hi"])
+    for ref, thr, lab in ((best_arm, NEAR, "vs best"), (default_arm, 1.0, "vs default")):
+      r_, lo, hi = ratio_interval(val(rs, "seconds"), val(recs[ref], "seconds"))
+      d[lab] = stats.fmt(r_, lo, hi) if r_ is not None else "–"
+      if arm == "adaptive":
+        verdicts.append(
+            f"- adaptive vs {ref}: measured seconds-to-{main_t} ratio {d[lab]} "
+            f"(goal {'<= ' if thr > 1 else '< '}{thr:g}) -> {verdict(r_, lo, hi, thr)}"
+        )
+    table.append(d)
+
+  # ------------------------------------------------------------ part 2 table
+  mtable = []
+  for arm, rs in mrecs.items():
+    acc = arm.split()[-1]
+    fixed = fixed_modelled(args.on_runs, main_t, models[acc]) if not args.quick else {}
+    means = {N: float(np.mean(v)) for N, v in fixed.items() if v and None not in v}
+    best_n = min(means, key=means.get) if means else None
+    ad_s = val(rs, "modelled_s")
+    d = dict(
+        accelerator=acc,
+        adaptive_N=" ".join(str(n) for n in sorted({n for r in rs for n in r["N_visited"]})),
+    )
+    iv = study.seed_interval(ad_s, LEVEL)
+    d["adaptive s"] = stats.fmt(iv["mean"], iv["lo"], iv["hi"])
+    d["best fixed N"] = best_n if best_n else "–"
+    if best_n:
+      ivb = study.seed_interval(fixed[best_n], LEVEL)
+      d["best fixed s"] = stats.fmt(ivb["mean"], ivb["lo"], ivb["hi"])
+      r_, lo, hi = ratio_interval(ad_s, fixed[best_n])
+      d["vs best"] = stats.fmt(r_, lo, hi) if r_ is not None else "–"
+      verdicts.append(
+          f"- modelled {acc}: adaptive vs best fixed N={best_n} under the same model: "
+          f"{d['vs best']} -> {verdict(r_, lo, hi, NEAR)}"
+      )
+    mtable.append(d)
+
+  # ------------------------------------------------------------ files
+  out = report.Results(NAME, root=args.out)
+  cols = (
+      ["arm", "N", "seeds"]
+      + [f"{k}@{float(t)}" for t in tgt for k in ("rollouts", "wall s", "reached")]
+      + ["vs best", "vs default"]
+  )
+  notes = [
+      f"Measured on this machine, one run at a time, seeds {args.seeds} interleaved. Target: "
+      f"held-out exact expected pass rate, main {main_t}. Wall s: seconds in rounds "
+      "(generation + updates, compiles included) to the first evaluation at or past the "
+      "target, plus the adaptive run's calibration; evaluations excluded. Cells: mean "
+      "[90% t-interval] over seeds; ratios: of means, 90% percentile bootstrap (seeds "
+      "resampled within each arm).",
+      "",
+      "Verdicts (goal: adaptive <= 1.1x the best fixed N and below the default):",
+      *verdicts,
+      "",
+      "Modelled (part 2): "
+      + "; ".join(
+          f"{d['accelerator']}: adaptive visited N {d['adaptive_N']}, "
+          f"{d['adaptive s']} s vs best fixed N={d['best fixed N']} "
+          f"{d.get('best fixed s', '–')} s (ratio {d.get('vs best', '–')})"
+          for d in mtable
+      )
+      + f". Fixed arms: rounds to {main_t} of every N in {args.on_runs} x the modelled round time.",
+      f"- Command: `{' '.join(['python'] + sys.argv)}`.",
+  ]
+  out.table(
+      table,
+      cols,
+      title="Adaptive vs fixed batch size in measured wall clock",
+      notes="\n".join(notes),
+  )
+  runs = []
+  for arm, rs in list(recs.items()) + list(mrecs.items()):
+    for r in rs:
+      pr = dict(arm=arm, seed=r["seed"], N_visited=" ".join(map(str, r["N_visited"])))
+      for t in tgt:
+        for x, v in r["to"][float(t)].items():
+          pr[f"{x}@{float(t)}"] = v
+      runs.append(pr)
+  _write_csv(out.path("_runs.csv"), runs)
+  curves = [
+      dict(arm=r["arm"], seed=r["seed"], **{k: v[i] for k, v in r["curve"].items()})
+      for rs in list(recs.values()) + list(mrecs.values())
+      for r in rs
+      for i in range(len(r["curve"]["round"]))
+  ]
+  _write_csv(out.path("_curves.csv"), curves)
+  r0 = sorted(recs["adaptive"], key=lambda r: r["seed"])[0]
+  tr = r0["traj"]
+  ok = [math.isfinite(h) and lo > 0 for lo, h in zip(tr["lo"], tr["hi"])]
+  plots.save(
+      plots.adaptive_batch(
+          tr["round"],
+          tr["N"],
+          tr["signal"],
+          [v if k else math.nan for v, k in zip(tr["lo"], ok)],
+          [v if k else math.nan for v, k in zip(tr["hi"], ok)],
+          title=f"adaptive N (time objective, seed {r0['seed']}); dashed: the predicted optimum",
+          signal_label="B_noise (rollouts)",
+          predicted=tr["target"],
+      ),
+      out.path("_n.png"),
+  )
+  out.manifest(
+      config=ad,
+      wall_seconds=time.time() - t0,
+      targets=list(tgt),
+      seeds=args.seeds,
+      modelled_seeds=args.modelled_seeds,
+      accelerators=args.accelerators,
+      arms={a: o for a, (_, o) in measured.items()},
+      eval_grid=grid,
+  )
+
+
+def _write_csv(path, rows):
+  if not rows:
+    return
+  with open(path, "w", newline="") as f:
+    w = csv.DictWriter(f, fieldnames=list(dict.fromkeys(k for r in rows for k in r)))
+    w.writeheader()
+    w.writerows(rows)
+
+
+if __name__ == "__main__":
+  main()
