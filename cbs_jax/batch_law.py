@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+from scipy import stats as sps
 
 from cbs_jax import stats
 
@@ -41,6 +42,23 @@ def _fit_ab(n, s, w):
 
 def _b_crit(a, b):
   return b / a if a > 0 else math.inf
+
+
+def _points_bootstrap(n, s, w, rng, n_boot):
+  """B_crit replicates from resampling the distinct batch sizes (with all
+  their runs) and then the runs within each; a replicate with fewer than
+  three distinct N counts as +inf."""
+  Ns = np.unique(n)
+  at = {N: np.flatnonzero(n == N) for N in Ns}
+  out = np.empty(n_boot)
+  for i in range(n_boot):
+    pick = rng.choice(Ns, size=Ns.size)
+    if np.unique(pick).size < 3:
+      out[i] = math.inf
+      continue
+    idx = np.concatenate([rng.choice(at[N], size=at[N].size) for N in pick])
+    out[i] = _b_crit(*_fit_ab(n[idx], s[idx], w[idx]))
+  return out
 
 
 def fit_critical_batch(
@@ -72,6 +90,12 @@ def fit_critical_batch(
   sizes x 3 seeds, 10% scatter) the 90% interval of B_crit covered the truth
   in 85-95% of them (``tests/test_fits.py``); with 3 seeds a per-batch-size
   resampling of seeds covers only ~82%, hence the pooled residuals.
+
+  Lack of fit: with replicates (several seeds at some N) the law is tested
+  with the seeds as pure error (``lack_of_fit``). When it misfits (p <
+  0.05) the B_crit interval is replaced by a case bootstrap over the batch
+  sizes and the seeds within them, which carries the model error, and the
+  verdict is "misfits" (``interval`` says which bootstrap made it).
 
   ``resolved`` is True only when the B_crit interval lies inside the swept
   range [min N, max N] of the fitted points and the point fit is not
@@ -124,6 +148,16 @@ def fit_critical_batch(
   lo, hi = stats.percentile_ci(b_boot, level)
   s_lo, s_hi = stats.percentile_ci(boot[:, 0], level)
   e_lo, e_hi = stats.percentile_ci(e_boot, level)
+  lof = None
+  if n.size > distinct.size and distinct.size >= 3:
+    lof = lack_of_fit(n, s)
+  interval = "seeds (residual bootstrap)"
+  if lof is not None and lof["verdict"] == "misfits":
+    # the law misfits: resample the batch sizes as well as the seeds at each
+    # (a case bootstrap), so that the interval carries the model error
+    b_boot = _points_bootstrap(n, s, w, rng, n_boot)
+    lo, hi = stats.percentile_ci(b_boot, level)
+    interval = "batch sizes and seeds (case bootstrap: the law misfits)"
   degenerate = not (a > 0 and b > 0)
   resolved = (not degenerate) and lo >= distinct.min() and hi <= distinct.max()
   why = (
@@ -147,13 +181,47 @@ def fit_critical_batch(
       level=level,
       r2=r2,
       resolved=bool(resolved),
-      verdict="resolved" if resolved else "unresolved",
+      verdict="misfits"
+      if interval.endswith("misfits)")
+      else ("resolved" if resolved else "unresolved"),
+      lack_of_fit=lof,
+      interval=interval,
       why=why,
       n_min=float(distinct.min()),
       n_max=float(distinct.max()),
       censored=censored,
       points=int(n.size),
       boot_B_crit=b_boot,
+  )
+
+
+def lack_of_fit(batch_sizes, steps) -> dict:
+  """Lack-of-fit F-test of S = a + b / N with the seeds at each N as pure
+  error, weights 1 / mean_N(S)^2 as ``batch_law.fit_critical_batch`` fits:
+  F = [SS_lack / (m - 2)] / [SS_pure / (n - m)] over m distinct N and n
+  runs. Returns dict(F, p_value, dof_lack, dof_pure, verdict) with verdict
+  "misfits" when p < 0.05, else "fits"; ValueError without replicates or
+  with fewer than three N."""
+  n_ = np.asarray(batch_sizes, float)
+  s = np.asarray(steps, float)
+  ok = np.isfinite(s)
+  n_, s = n_[ok], s[ok]
+  Ns = np.unique(n_)
+  m, n = Ns.size, n_.size
+  if m < 3 or n - m < 1:
+    raise ValueError(f"lack_of_fit needs >= 3 batch sizes and replicates, got {m} N, {n} runs")
+  mean_at = {N: s[n_ == N].mean() for N in Ns}
+  w = np.array([1.0 / mean_at[N] ** 2 for N in n_])
+  fit = stats.wls(np.stack([np.ones_like(n_), 1.0 / n_], axis=1), s, 1.0 / np.sqrt(w))
+  a, b = fit.coef
+  means = np.array([mean_at[N] for N in n_])
+  ss_pure = float(np.sum(w * (s - means) ** 2))
+  ss_lack = float(np.sum(w * (means - (a + b / n_)) ** 2))
+  d1, d2 = m - 2, n - m
+  F = (ss_lack / d1) / max(ss_pure / d2, 1e-300) if d1 > 0 else math.nan
+  p = float(sps.f.sf(F, d1, d2)) if d1 > 0 else math.nan
+  return dict(
+      F=float(F), p_value=p, dof_lack=d1, dof_pure=d2, verdict="misfits" if p < 0.05 else "fits"
   )
 
 

@@ -232,6 +232,64 @@ def verdict(r, lo, hi, threshold):
   return f"unresolved (interval straddles {threshold:g})"
 
 
+# ------------------------------------------------------ the switch penalty
+
+
+def after_switch(rec, s1):
+  """(new N, rollouts from the first switch to score ``s1``, score at the
+  switch) of an adaptive run; None when it never switched, switched after
+  reaching ``s1`` or never reached it."""
+  N, rounds = rec["traj"]["N"], rec["traj"]["round"]
+  i = next((j for j in range(1, len(N)) if N[j] != N[0]), None)
+  if i is None:
+    return None
+  c = rec["curve"]
+  roll = np.asarray(c["rollouts"], float)
+  score = np.asarray(c["score"], float)
+  r_sw = N[0] * (rounds[i] - 1)  # rollouts seen before the first round at the new N
+  if not roll.size or r_sw >= roll[-1]:
+    return None
+  s0 = float(np.interp(r_sw, roll, score))
+  after = roll >= r_sw
+  r1 = batch_law_lib.steps_to_target(
+      np.concatenate([[r_sw], roll[after]]), np.concatenate([[s0], score[after]]), s1
+  )
+  if s0 >= s1 or r1 is None:
+    return None
+  return N[i], r1 - r_sw, s0
+
+
+def switch_penalty(adaptive, fixed_by_n, s1):
+  """Rollouts an adaptive run needed from its first switch to ``s1`` over
+  what runs started fresh at its new N needed between the same two scores
+  (fixed arms at that N), ratio of means with a bootstrap interval.
+  Returns rows per new N."""
+  out = {}
+  for rec in adaptive:
+    a = after_switch(rec, s1)
+    if a is None or a[0] not in fixed_by_n:
+      continue
+    n_new, need, s0 = a
+    fresh = []
+    for f in fixed_by_n[n_new]:
+      c = f["curve"]
+      r0 = batch_law_lib.steps_to_target(c["rollouts"], c["score"], s0)
+      r1 = batch_law_lib.steps_to_target(c["rollouts"], c["score"], s1)
+      if r0 is not None and r1 is not None:
+        fresh.append(r1 - r0)
+    if fresh:
+      o = out.setdefault(n_new, dict(adaptive=[], fresh=[]))
+      o["adaptive"].append(need)
+      o["fresh"].append(float(np.mean(fresh)))
+  rows = []
+  for n_new, o in sorted(out.items()):
+    r, lo, hi = (
+        ratio_interval(o["adaptive"], o["fresh"]) if len(o["adaptive"]) >= 2 else (None,) * 3
+    )
+    rows.append(dict(N=n_new, runs=len(o["adaptive"]), ratio=r, lo=lo, hi=hi))
+  return rows
+
+
 # ------------------------------------------------------ the modelled fixed arms
 
 
@@ -303,6 +361,27 @@ def main(argv=None):
         )
     table.append(d)
 
+  # ------------------------------------------------------------ the switch penalty
+  fixed_by_n = {}
+  for arm, rs in recs.items():
+    if arm.startswith("fixed"):
+      fixed_by_n[rs[0]["N_visited"][0]] = rs
+  penalty = switch_penalty(recs["adaptive"], fixed_by_n, main_t)
+  switched = sum(len(set(r["traj"]["N"])) > 1 for r in recs["adaptive"])
+  penalty_lines = [
+      f"- Switch penalty at the new N = {p['N']}: rollouts from the switch to {main_t} over "
+      f"what fresh runs at that N needed between the same scores, {p['runs']} runs: "
+      + (
+          stats.fmt(p["ratio"], p["lo"], p["hi"])
+          if p["ratio"] is not None
+          else "one run, no interval"
+      )
+      for p in penalty
+  ] or [
+      f"- Switch penalty: not measurable ({switched} of {len(recs['adaptive'])} adaptive runs "
+      "switched before the target to an N with a fixed arm)."
+  ]
+
   # ------------------------------------------------------------ part 2 table
   mtable = []
   for arm, rs in mrecs.items():
@@ -346,6 +425,7 @@ def main(argv=None):
       "",
       "Verdicts (goal: adaptive <= 1.1x the best fixed N and below the default):",
       *verdicts,
+      *penalty_lines,
       "",
       "Modelled (part 2): "
       + "; ".join(
@@ -403,6 +483,7 @@ def main(argv=None):
       modelled_seeds=args.modelled_seeds,
       accelerators=args.accelerators,
       arms={a: o for a, (_, o) in measured.items()},
+      switch_penalty=penalty,
       eval_grid=grid,
   )
 

@@ -37,6 +37,16 @@ FLAGS = {
     ],
     "sft_headroom": ["--root", "--out", "--quick"],
     "bench_parallel": ["--ns", "--rounds", "--repeats", "--workers", "--quick"],
+    "adaptive_wallclock": [
+        "--root",
+        "--out",
+        "--seeds",
+        "--best_n",
+        "--accelerators",
+        "--modelled_seeds",
+        "--on_runs",
+        "--quick",
+    ],
     "adaptive_batch": [
         "--root",
         "--on_root",
@@ -103,6 +113,21 @@ CHAINS = {
                 "manifest.json",
             ]
             + [f"adaptive_batch_n_{s}.png" for s in SIGNALS],
+        ),
+    ],
+    # its own SFT base and runs (one at a time, timed)
+    "adaptive_wallclock": [
+        (
+            "adaptive_wallclock",
+            [],
+            [
+                "adaptive_wallclock.md",
+                "adaptive_wallclock.csv",
+                "adaptive_wallclock_runs.csv",
+                "adaptive_wallclock_curves.csv",
+                "adaptive_wallclock_n.png",
+                "manifest.json",
+            ],
         ),
     ],
     # independent of the batch-size sweeps: a second test, so xdist runs the two at once
@@ -180,7 +205,35 @@ def _check_throughput(res):
   ), rows
 
 
-CHECKS = {"adaptive_batch": _check_adaptive, "throughput_decision": _check_throughput}
+def _check_wallclock(res):
+  """Measured seconds for every run that reached the first target, the
+  calibration inside the adaptive runs', modelled seconds for the modelled
+  arms; one curve row per evaluation."""
+  import csv  # pylint: disable=import-outside-toplevel
+
+  with open(res / "adaptive_wallclock_runs.csv") as f:
+    runs = list(csv.DictReader(f))
+  arms = {r["arm"] for r in runs}
+  assert {"adaptive", "adaptive h100_sxm", "adaptive tpu_v5e"} <= arms, arms
+  assert sum(a.startswith("fixed") for a in arms) == 2
+  first = next(k for k in runs[0] if k.startswith("seconds@"))
+  for r in runs:
+    if r[first] not in ("", "None"):
+      assert float(r[first]) > 0
+    if r["arm"].startswith("adaptive ") and r[first.replace("seconds", "rounds")] not in (
+        "",
+        "None",
+    ):
+      assert float(r[first.replace("seconds", "modelled_s")]) > 0
+  with open(res / "adaptive_wallclock_curves.csv") as f:
+    assert len(list(csv.DictReader(f))) >= len(runs)
+
+
+CHECKS = {
+    "adaptive_batch": _check_adaptive,
+    "throughput_decision": _check_throughput,
+    "adaptive_wallclock": _check_wallclock,
+}
 
 
 @pytest.mark.slow
