@@ -109,8 +109,8 @@ def base_config() -> ConfigDict:
   c.batch.adaptive_round_time = "measured"  # adaptive, objective time: seconds per round
   # measured on this machine, or an accelerator of cbs_jax/systems.py (e.g. h100_sxm: a
   # modelled run, its roofline's round times)
-  c.batch.adaptive_calibrate = True  # adaptive, measured: time a round at the first bucket
-  # and its neighbour before training (two points for the throughput fit)
+  c.batch.adaptive_calibrate = True  # adaptive, measured: when the signal first resolves with
+  # one batch size timed, time a round at the next bucket (two points for the throughput fit)
   c.batch.adaptive_switch_warmup = 5  # adaptive: updates over which the lr moves from the
   # old batch's to the new batch's rate after a switch (0: jump)
   c.batch.adaptive_rescale_nu = True  # adaptive: rescale Adam's second moment for the new

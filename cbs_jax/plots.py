@@ -700,6 +700,36 @@ def adaptive_batch(
   return fig
 
 
+def lr_envelope(
+    ns, best_lrs, bracketed, lr0: float, ref: int, alpha: float | None = None, title=None
+) -> Figure:
+  """The best learning rate per batch size on log axes: filled where the
+  scan bracketed it, open where it sat at the scan's edge (a bound, not an
+  optimum); the sqrt (alpha = 1/2) and linear (alpha = 1) rules through
+  lr0 at ``ref``, and the fitted power law when ``alpha`` is given."""
+  fig, (ax,) = _new()
+  n, lr, ok = _arr(ns), _arr(best_lrs), np.asarray(bracketed, bool)
+  ax.plot(n[ok], lr[ok], "o", color=COLORS[0], label="best lr (bracketed)")
+  if (~ok).any():
+    ax.plot(n[~ok], lr[~ok], "o", mfc="none", color=COLORS[0], label="at a scan edge")
+  grid = np.geomspace(n.min(), n.max(), 50)
+  for a, c, lab in ((0.5, COLORS[1], "sqrt rule (α = 1/2)"), (1.0, COLORS[2], "linear (α = 1)")):
+    ax.plot(grid, lr0 * (grid / ref) ** a, "--", color=c, linewidth=1.1, label=lab)
+  if alpha is not None and ok.sum() >= 2:
+    c = np.exp(np.mean(np.log(lr[ok]) - alpha * np.log(n[ok])))
+    ax.plot(
+        grid, c * grid**alpha, "-", color=COLORS[3], linewidth=1.3, label=f"fit α = {alpha:.2f}"
+    )
+  ax.set_xscale("log", base=2)
+  ax.set_yscale("log")
+  ax.set_xlabel("batch size N (rollouts per round)")
+  ax.set_ylabel("learning rate")
+  if title:
+    ax.set_title(title, fontsize="medium")
+  _legend(ax)
+  return fig
+
+
 def save(fig: Figure, path: str, dpi: int = DPI) -> str:
   """Write ``fig`` to ``path`` as a PNG at ``dpi`` and close it; returns
   the path."""

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import csv
 import datetime
+import hashlib
 import importlib.metadata
 import io
 import json
@@ -59,8 +60,39 @@ def _git(*args: str) -> str | None:
   return out.stdout.strip() if out.returncode == 0 else None
 
 
+ISA_PREFIXES = ("avx", "fma", "f16c", "amx", "sse4", "bmi", "vaes", "vpclmul", "gfni")
+
+
+def processor() -> dict:
+  """What decides XLA's CPU code, and so a CPU run's last bits
+  (docs/metrics.md, "Why the same seed gives other numbers on another
+  machine"): the instruction-set flags XLA can target (from /proc/cpuinfo;
+  empty where that is not readable) and jaxlib's version."""
+  flags = set()
+  try:
+    with open("/proc/cpuinfo") as f:
+      for line in f:
+        if line.startswith("flags"):
+          flags |= {x for x in line.split(":", 1)[1].split() if x.startswith(ISA_PREFIXES)}
+  except OSError:
+    pass
+  try:
+    jaxlib = importlib.metadata.version("jaxlib")
+  except importlib.metadata.PackageNotFoundError:
+    jaxlib = None
+  return dict(isa=sorted(flags), jaxlib=jaxlib)
+
+
+def processor_fingerprint(proc: dict | None = None) -> str:
+  """A short hash of ``processor()``: runs with equal fingerprints compute
+  the same bits."""
+  proc = processor() if proc is None else proc
+  return hashlib.sha1(json.dumps(proc, sort_keys=True).encode()).hexdigest()[:10]
+
+
 def provenance() -> dict:
-  """Commit, dirty flag, package versions, platform and devices."""
+  """Commit, dirty flag, package versions, platform, devices and the
+  processor's fingerprint."""
   versions = {}
   for p in _PACKAGES:
     try:
@@ -83,6 +115,7 @@ def provenance() -> dict:
       platform=platform.platform(),
       backend=backend,
       devices=devices,
+      processor=processor_fingerprint(),
   )
 
 

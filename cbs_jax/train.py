@@ -679,6 +679,18 @@ def record_evaluation(state: run_state.RunState, r1: int, row: dict) -> float | 
   return score
 
 
+def controller_signal(config, state: run_state.RunState) -> dict:
+  """The adaptive controller's signal interval now
+  (``controller.signal_interval`` of the trackers in ``state``)."""
+  b = config.batch
+  return controller_lib.signal_interval(
+      b.adaptive_signal,
+      state.noise.interval(b.adaptive_z),
+      state.noise_adam.interval(b.adaptive_z),
+      b.adaptive_b_crit_ratio,
+  )
+
+
 def choose_prompts(config, state: run_state.RunState, rnd: int) -> tuple[int, dict]:
   """P for round ``rnd`` -- the config's, or the adaptive controller's
   decision (``state.controller`` moves) from the signal's interval
@@ -692,12 +704,7 @@ def choose_prompts(config, state: run_state.RunState, rnd: int) -> tuple[int, di
   ctl = state.controller
   if ctl is None:
     return b.num_prompts, {}
-  sig = controller_lib.signal_interval(
-      b.adaptive_signal,
-      state.noise.interval(b.adaptive_z),
-      state.noise_adam.interval(b.adaptive_z),
-      b.adaptive_b_crit_ratio,
-  )
+  sig = controller_signal(config, state)
   P = ctl.update(rnd, sig)
   K = b.rollouts_per_prompt
   lr = config.optim.lr * lr_rules.lr_scale(
@@ -808,18 +815,38 @@ def round_time_fields(trainer: Trainer, state: run_state.RunState, P: int, secon
   return {"adaptive/round_s_pred": pred}
 
 
+def needs_calibration(config, state: run_state.RunState, rnd: int) -> bool:
+  """Whether round ``rnd`` is the moment to calibrate the measured round
+  times: a decision round of a time-objective controller whose signal is
+  resolved while fewer than two batch sizes have been timed. Deferred to
+  then because a calibration compiles a bucket: on a small machine that
+  costs as many seconds as dozens of rounds, wasted in every run whose
+  signal never resolves (docs/batch_law.md, "The time-optimal batch")."""
+  ctl = state.controller
+  if not (
+      ctl is not None
+      and isinstance(ctl.round_times, time_optimal.RoundTimes)
+      and config.batch.adaptive_calibrate
+      and ctl.decides(rnd)
+      and len(ctl.round_times.measured()) < 2
+  ):
+    return False
+  return controller_signal(config, state)["resolved"]
+
+
 def calibrate_round_times(trainer: Trainer, state: run_state.RunState) -> dict:
-  """Time one round at the controller's first bucket and at its neighbour
-  (the next bucket up, else down) before training: generation + the
-  round's updates on a throwaway copy of the state, each run once to
-  compile and once to time. Gives the measured throughput model its two
-  points; the run's own state and random streams are untouched. Returns
-  {N: seconds}."""
+  """Time one round at each bucket of {the current one, its neighbour (the
+  next bucket up, else down)} that has no measurement yet: generation + the
+  round's updates on a throwaway copy of the state, run once to compile and
+  once to time. Gives the measured throughput model its two points; the
+  run's own state and random streams are untouched. Returns {N: seconds}."""
   c, ctl = trainer.config, state.controller
+  K = c.batch.rollouts_per_prompt
   i = ctl.buckets.index(ctl.prompts)
   others = ctl.buckets[i + 1 : i + 2] or ctl.buckets[max(i - 1, 0) : i]
+  todo = [P for P in [ctl.prompts] + others if P * K not in ctl.round_times.measured()]
   out = {}
-  for P in [ctl.prompts] + others:
+  for P in todo:
     for rep in range(2):
       scratch = dataclasses.replace(
           state,
@@ -842,10 +869,10 @@ def calibrate_round_times(trainer: Trainer, state: run_state.RunState) -> dict:
       update_round(trainer, scratch, batch, 0, P)
       jax.block_until_ready(scratch.params)
       if rep:
-        out[P * c.batch.rollouts_per_prompt] = time.time() - t0
+        out[P * K] = time.time() - t0
   for n_, t in out.items():
     ctl.round_times.record(n_, t)
-  trainer.timed.update(P for P in [ctl.prompts] + others)
+  trainer.timed.update(todo)
   return out
 
 
@@ -1023,17 +1050,6 @@ def _train_rl(c, workdir, setup):
     n.base_pass_rate = record_evaluation(state, 0, ev)
     trainer.writer.write({"round": 0, "rollouts_seen": 0} | ev)
   end = n.round if n.stopped else c.train.num_rounds
-  ctl = state.controller
-  if (
-      ctl is not None
-      and isinstance(ctl.round_times, time_optimal.RoundTimes)
-      and c.batch.adaptive_calibrate
-      and not ctl.round_times.records
-      and n.round < end
-  ):
-    t_cal = time.time()
-    calibrate_round_times(trainer, state)
-    state.log.calibration_seconds += time.time() - t_cal
   bar = tqdm.tqdm(
       range(n.round, end),
       initial=n.round,
@@ -1045,6 +1061,10 @@ def _train_rl(c, workdir, setup):
   for rnd in bar:
     r1, t0 = rnd + 1, time.time()
     P_before = None if state.controller is None else state.controller.prompts
+    if needs_calibration(c, state, rnd):
+      t_cal = time.time()
+      calibrate_round_times(trainer, state)
+      state.log.calibration_seconds += time.time() - t_cal
     P, signal = choose_prompts(c, state, rnd)
     if P_before is not None and P != P_before:
       signal.update(switch_batch(c, state, P_before, P))

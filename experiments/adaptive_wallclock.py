@@ -27,9 +27,9 @@ a 90% percentile bootstrap interval (seeds resampled within each arm).
 Part 2, modelled. The adaptive run with ``batch.adaptive_round_time`` set to
 each of ``--accelerators``: its rounds cost the accelerator's roofline time
 for this model (``systems.round_time``), summed to the target. The fixed
-arms under the same model: rounds to the target of every N of the on-policy
-study (``--on_runs``, its committed per-run table) times the modelled round
-time; the best fixed N is the least mean modelled time.
+arms under the same model: this study's fixed runs (same SFT base and
+evaluation grid), rounds to the target times the modelled round time at
+their N; the best fixed N is the least mean modelled time among them.
 
 Writes <out>/adaptive_wallclock/: the table (.md, .csv), one line per run
 (``_runs.csv``), the per-run curves (``_curves.csv``: round, N, rollouts,
@@ -67,7 +67,6 @@ from configs import batch_law
 NAME = "adaptive_wallclock"
 LEVEL = 0.9
 NEAR = 1.10  # the goal: within 10% of the best fixed N
-ON_RUNS = "experiments/results/batch_law_on_policy/batch_law_on_policy_runs.csv"
 
 
 def parse_args(argv=None):
@@ -78,7 +77,6 @@ def parse_args(argv=None):
   ap.add_argument(
       "--modelled_seeds", default=None, help="seeds of the modelled runs (default 0,1,2; quick 0)"
   )
-  ap.add_argument("--on_runs", default=ON_RUNS, help="the on-policy study's per-run table")
   args = study_runner.parse(ap, argv)
   seeds = lambda s, d: [int(x) for x in (s or d).split(",") if x]
   args.seeds = seeds(args.seeds, "0,1" if args.quick else "0,1,2,3,4")
@@ -293,21 +291,16 @@ def switch_penalty(adaptive, fixed_by_n, s1):
 # ------------------------------------------------------ the modelled fixed arms
 
 
-def fixed_modelled(path, main_t, model):
-  """{N: [modelled seconds to main_t per seed]} from the on-policy study's
-  per-run table (rounds to target x the model's round time)."""
-  with open(path) as f:
-    rows = list(csv.DictReader(f))
-  key = next(
-      (k for k in rows[0] if k.startswith("rounds@") and float(k[len("rounds@") :]) == main_t), None
-  )
-  if key is None:
-    raise SystemExit(f"{path}: no rounds@{main_t} column; columns {list(rows[0])}")
+def fixed_modelled(fixed_arms, main_t, model):
+  """{N: [modelled seconds to main_t per seed]} of this study's fixed arms
+  (their rounds to the target x the model's round time at their N): runs
+  from the same SFT base and evaluation grid as the adaptive ones."""
   out = {}
-  for r in rows:
-    N = int(r["N"])
-    v = r[key]
-    out.setdefault(N, []).append(None if v in ("", "None") else float(v) * model(N))
+  for rs in fixed_arms:
+    for r in rs:
+      N = r["N_visited"][0]
+      v = r["to"][main_t]["rounds"]
+      out.setdefault(N, []).append(None if v is None else v * model(N))
   return out
 
 
@@ -386,7 +379,9 @@ def main(argv=None):
   mtable = []
   for arm, rs in mrecs.items():
     acc = arm.split()[-1]
-    fixed = fixed_modelled(args.on_runs, main_t, models[acc]) if not args.quick else {}
+    fixed = fixed_modelled(
+        [rs for a, rs in recs.items() if a.startswith("fixed")], main_t, models[acc]
+    )
     means = {N: float(np.mean(v)) for N, v in fixed.items() if v and None not in v}
     best_n = min(means, key=means.get) if means else None
     ad_s = val(rs, "modelled_s")
@@ -434,7 +429,8 @@ def main(argv=None):
           f"{d.get('best fixed s', '–')} s (ratio {d.get('vs best', '–')})"
           for d in mtable
       )
-      + f". Fixed arms: rounds to {main_t} of every N in {args.on_runs} x the modelled round time.",
+      + f". Fixed arms: this study's fixed runs, rounds to {main_t} x the modelled round time "
+      "at their N (the same SFT base and evaluation grid as the adaptive runs).",
       f"- Command: `{' '.join(['python'] + sys.argv)}`.",
   ]
   out.table(

@@ -37,6 +37,16 @@ FLAGS = {
     ],
     "sft_headroom": ["--root", "--out", "--quick"],
     "bench_parallel": ["--ns", "--rounds", "--repeats", "--workers", "--quick"],
+    "lr_envelope": [
+        "--root",
+        "--out",
+        "--workers",
+        "--hours",
+        "--ns",
+        "--cap",
+        "--replot",
+        "--quick",
+    ],
     "adaptive_wallclock": [
         "--root",
         "--out",
@@ -44,7 +54,6 @@ FLAGS = {
         "--best_n",
         "--accelerators",
         "--modelled_seeds",
-        "--on_runs",
         "--quick",
     ],
     "adaptive_batch": [
@@ -114,6 +123,15 @@ CHAINS = {
             ]
             + [f"adaptive_batch_n_{s}.png" for s in SIGNALS],
         ),
+    ],
+    # the envelope scan, then --replot from its records alone
+    "lr_envelope": [
+        (
+            "lr_envelope",
+            [],
+            ["lr_envelope.md", "lr_envelope.csv", "lr_envelope_runs.csv", "manifest.json"],
+        ),
+        ("lr_envelope", ["--replot"], ["lr_envelope.md", "lr_envelope_rules.csv"]),
     ],
     # its own SFT base and runs (one at a time, timed)
     "adaptive_wallclock": [

@@ -208,3 +208,36 @@ def test_an_accelerator_model_moves_the_choice_as_the_rule_predicts():
     ns = [p * K for p in ctl.buckets]
     assert picks[name] * K == time_optimal.best_n(ns, 5000.0, rt) or picks[name] == 16
   assert picks["flat"] == BUCKETS[0] and picks["h100"] > picks["flat"]
+
+
+def test_calibration_waits_for_a_resolved_signal_at_a_decision_round():
+  """train.needs_calibration: only a time-objective controller with a
+  measured clock, at a decision round, with its signal resolved and fewer
+  than two batch sizes timed (a calibration compiles a bucket: never spent
+  in a run whose signal does not resolve)."""
+  import types  # pylint: disable=import-outside-toplevel
+
+  from cbs_jax import config as config_lib  # pylint: disable=import-outside-toplevel
+  from cbs_jax import train  # pylint: disable=import-outside-toplevel
+
+  c = config_lib.base_config()
+  c.batch.schedule, c.batch.adaptive_every = "adaptive", 5
+  c.batch.adaptive_min_prompts, c.batch.adaptive_max_prompts = 4, 64
+  state = types.SimpleNamespace(
+      noise=noise_tracker.NoiseEMA(0.5),
+      noise_adam=noise_tracker.NoiseEMA(0.5),
+      controller=train.make_controller(c),
+  )
+  state.controller.round_times.record(256, 0.1)
+  assert not train.needs_calibration(c, state, 5)  # not resolved yet
+  rng = np.random.default_rng(0)
+  for _ in range(20):
+    _feed(state.noise, 3000.0, rng, noise_frac=0.05)
+  assert train.controller_signal(c, state)["resolved"]
+  assert not train.needs_calibration(c, state, 6)  # not a decision round
+  assert train.needs_calibration(c, state, 10)
+  c.batch.adaptive_calibrate = False
+  assert not train.needs_calibration(c, state, 10)
+  c.batch.adaptive_calibrate = True
+  state.controller.round_times.record(512, 0.15)
+  assert not train.needs_calibration(c, state, 10)  # two points already

@@ -19,13 +19,12 @@ recorded, on a processor not known now.
     python tests/golden/make_golden.py            # write every case for this processor
     python tests/golden/make_golden.py quickstart # one case
 
-To record a new processor kind at the pre-refactor commit, copy this file
-into a worktree of that commit and run it there (it imports the code of the
-tree it sits in), then copy the written files back.
+To record a new processor kind at the pre-refactor commit, run the cases
+with that commit's code: ``git worktree add /tmp/f070 f070fc1`` and
+``python tests/golden/make_golden.py --code=/tmp/f070``.
 """
 
 import glob
-import hashlib
 import json
 import os
 import subprocess
@@ -125,29 +124,16 @@ def run_case(name: str, workdir: str) -> list[dict]:
   return [clean(r) for r in rows]
 
 
-ISA_PREFIXES = ("avx", "fma", "f16c", "amx", "sse4", "bmi", "vaes", "vpclmul", "gfni")
-
-
 def processor() -> dict:
-  """What decides XLA's CPU code: the instruction-set flags it can target
-  (from /proc/cpuinfo; empty where that is not readable) and jaxlib's
-  version."""
-  import jaxlib  # pylint: disable=import-outside-toplevel
+  from cbs_jax import report  # pylint: disable=import-outside-toplevel
 
-  flags = set()
-  try:
-    with open("/proc/cpuinfo") as f:
-      for line in f:
-        if line.startswith("flags"):
-          flags |= {x for x in line.split(":", 1)[1].split() if x.startswith(ISA_PREFIXES)}
-  except OSError:
-    pass
-  return dict(isa=sorted(flags), jaxlib=jaxlib.__version__)
+  return report.processor()
 
 
 def fingerprint(proc: dict | None = None) -> str:
-  proc = processor() if proc is None else proc
-  return hashlib.sha1(json.dumps(proc, sort_keys=True).encode()).hexdigest()[:10]
+  from cbs_jax import report  # pylint: disable=import-outside-toplevel
+
+  return report.processor_fingerprint(proc)
 
 
 def path(name: str, fp: str | None = None) -> str:
@@ -168,15 +154,33 @@ def fixtures(name: str) -> dict:
   return out
 
 
-def main(names):
+def _rows_with(code: str, name: str, workdir: str) -> list[dict]:
+  """``run_case`` in a child process that imports cbs_jax from ``code`` (a
+  checkout of another commit)."""
+  prog = (
+      f"import json, sys; sys.path.insert(0, {code!r}); sys.path.insert(1, {HERE!r}); "
+      f"import make_golden; print(json.dumps(make_golden.run_case({name!r}, {workdir!r})))"
+  )
+  out = subprocess.run(
+      [sys.executable, "-c", prog], capture_output=True, text=True, check=True, cwd=code
+  ).stdout
+  return json.loads(out.strip().splitlines()[-1])
+
+
+def main(argv):
+  """``make_golden.py [--code=DIR] [case ...]``: write the cases for this
+  processor, running the code of checkout DIR (default: this tree)."""
+  code = next((a.split("=", 1)[1] for a in argv if a.startswith("--code=")), None)
+  names = [a for a in argv if not a.startswith("--")]
+  src = code or ROOT
   commit = subprocess.run(
-      ["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True
+      ["git", "rev-parse", "HEAD"], cwd=src, capture_output=True, text=True
   ).stdout.strip()
   proc = processor()
   fp = fingerprint(proc)
   for name in names or CASES:
     with tempfile.TemporaryDirectory() as d:
-      rows = run_case(name, d)
+      rows = _rows_with(code, name, d) if code else run_case(name, d)
     with open(path(name, fp), "w") as f:
       json.dump({"case": name, "commit": commit, "processor": proc, "rows": rows}, f, indent=1)
     print(f"wrote {path(name, fp)}: {len(rows)} rows")

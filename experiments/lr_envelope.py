@@ -1,0 +1,372 @@
+"""The on-policy batch-size law on the learning-rate envelope: every N at its
+own best learning rate, no warmup, a law with its lack-of-fit test.
+
+    python experiments/lr_envelope.py --hours=2     # scan, then fit (resumable, ~4-6 h in all)
+    python experiments/lr_envelope.py --replot      # tables and figures from the committed records
+    python experiments/lr_envelope.py --quick       # tiny smoke version (minutes)
+
+Protocol (docs/batch_law.md, "The learning-rate envelope"):
+
+* Runs are ``configs/batch_law.py:on`` (GRPO on arithmetic, K = 16, one
+  update per round, the shared SFT base) with **no warmup**
+  (``optim.warmup_steps = 0``: a target reached while the rate is still
+  ramping up would make the warmup, not the noise, set S at large N) and
+  the learning rate given outright at each N (``optim.lr_rule = constant``
+  with ``optim.lr`` the scanned rate).
+* Rates lie on one x2 grid anchored at lr0 = 3e-4: lr0 2^k. The constant
+  rule's rate (lr0) and the linear rule's (lr0 N / 256) are grid points at
+  every N; the sqrt rule's (lr0 sqrt(N / 256)) at N = 64, 256, ..., 16,384.
+* Scan: seed 0 at the three grid rates nearest the sqrt rule's, then one x2
+  step past whichever edge holds the best (``lr_envelope.next_rates``)
+  until the best is bracketed; then seeds 1 and 2 at the best two rates and
+  at each rule's grid rate (E_rule / E* with intervals).
+* Caps: a run's rollout budget is ``--cap`` x the fewest rollouts to the
+  highest target found so far at its N (``lr_envelope.run_cap``, never above
+  the study's budget); a run stopped there is "capped" and never counts as
+  reached.
+* Records: every finished run is one line of the committed
+  ``<out>/lr_envelope/lr_envelope_runs.csv`` (N, lr, seed, rounds and
+  rollouts to each target, capped, the processor's fingerprint). The
+  driver reads it first and never repeats a recorded run, so the study
+  resumes across sessions and machines; ``--hours`` stops scheduling new
+  runs after that long.
+
+Results at each target (main 0.54): the envelope table (E*(N) and S*(N)
+with bootstrap intervals over the argmin, the best rate and whether it is
+bracketed), S*(N) = S_min (1 + B_crit / N) fitted to the runs at each N's
+best rate with its lack-of-fit test (a misfit widens the interval to a case
+bootstrap over N), lr*(N) ~ N^alpha with an interval beside alpha = 1/2 and
+alpha = 1, and E_rule / E* per rule. Figures: the envelope with the fit,
+lr*(N) on log axes with the alpha = 1/2 and 1 lines.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+import os
+import sys
+import time
+
+import numpy as np
+from absl import logging
+
+from cbs_jax import batch_law as batch_law_lib
+from cbs_jax import lr_envelope
+from cbs_jax import plots
+from cbs_jax import report
+from cbs_jax import stats
+from cbs_jax import study
+from cbs_jax import study_runner
+from configs import batch_law
+
+NAME = "lr_envelope"
+LR0 = batch_law.LR0
+CAP = 3.0  # a run's budget: CAP x the fewest rollouts to the highest target so far at its N
+MIN_SEEDS = 3
+MAX_RATES = 8  # a scan that has not bracketed its best in 8 x2 steps stops there (flagged)
+RULES = ("constant", "sqrt", "linear")
+COLUMNS = ("N", "lr", "seed", "capped", "cap_rollouts", "processor")
+
+
+def parse_args(argv=None):
+  ap = study_runner.parser(__doc__, NAME, "sweep root (one workdir per run)")
+  ap.add_argument("--hours", type=float, default=6.0, help="stop scheduling new runs after this")
+  ap.add_argument("--ns", default=None, help="batch sizes, comma-separated (default the study's)")
+  ap.add_argument("--cap", type=float, default=CAP, help="run budget: cap x best rollouts at N")
+  ap.add_argument("--replot", action="store_true", help="only tables and figures from the records")
+  args = study_runner.parse(ap, argv)
+  default = "16,32,64" if args.quick else ",".join(str(n) for n in batch_law.NS)
+  args.ns = [int(x) for x in (args.ns or default).split(",") if x]
+  return args
+
+
+def _lr(x: float) -> float:
+  """A rate as recorded (6 significant digits), so that a scheduled rate and
+  a recorded one compare equal."""
+  return float(f"{x:.6g}")
+
+
+def grid_k(N: int, ref: int) -> float:
+  """The sqrt rule's rate as a grid exponent: lr0 sqrt(N / ref) = lr0 2^k."""
+  return 0.5 * math.log2(N / ref)
+
+
+def rule_rate(rule: str, N: int, lr0: float, ref: int) -> float | None:
+  """A rule's rate at N when it is a grid point (lr0 2^k, k integer), else None."""
+  k = {"constant": 0.0, "sqrt": grid_k(N, ref), "linear": math.log2(N / ref)}[rule]
+  return lr0 * 2.0 ** k if float(k).is_integer() else None
+
+
+# ---------------------------------------------------------------- records
+
+
+def records_path(out: str) -> str:
+  return os.path.join(out, NAME, f"{NAME}_runs.csv")
+
+
+def load_records(path: str) -> list[dict]:
+  if not os.path.exists(path):
+    return []
+  with open(path) as f:
+    rows = list(csv.DictReader(f))
+  num = lambda v: None if v in ("", "None") else float(v)
+  out = []
+  for r in rows:
+    d = {k: num(v) if "@" in k else v for k, v in r.items()}
+    d.update(
+        N=int(r["N"]), lr=_lr(float(r["lr"])), seed=int(r["seed"]), capped=r["capped"] == "True"
+    )
+    d["cap_rollouts"] = num(r["cap_rollouts"])
+    out.append(d)
+  return out
+
+
+def save_records(path: str, recs: list[dict]) -> None:
+  recs = sorted(recs, key=lambda r: (r["N"], r["lr"], r["seed"]))
+  keys = list(COLUMNS) + sorted({k for r in recs for k in r if "@" in k})
+  os.makedirs(os.path.dirname(path), exist_ok=True)
+  with open(path, "w", newline="") as f:
+    w = csv.DictWriter(f, fieldnames=keys, extrasaction="ignore")
+    w.writeheader()
+    w.writerows(recs)
+
+
+def as_envelope_records(recs, t: float, x: str = "rollouts") -> list[dict]:
+  return [
+      dict(N=r["N"], lr=r["lr"], seed=r["seed"], value=r.get(f"{x}@{t}"), capped=r["capped"])
+      for r in recs
+  ]
+
+
+# ---------------------------------------------------------------- scheduling
+
+
+def wanted(recs, ns, t_top, lr0, ref) -> list[tuple[int, float, int]]:
+  """The (N, lr, seed) runs the protocol asks for next, given the records."""
+  have = {(r["N"], _lr(r["lr"]), r["seed"]) for r in recs}
+  want = []
+  env = {row["N"]: row for row in lr_envelope.envelope(as_envelope_records(recs, t_top), n_boot=50)}
+  for N in ns:
+    k0 = round(grid_k(N, ref))
+    rates = [lr0 * 2.0 ** (k0 + d) for d in (-1, 0, 1)]
+    row = env.get(N)
+    if row is not None and len(row["lrs"]) < MAX_RATES:
+      rates += lr_envelope.next_rates(row)
+      if row["bracketed"]:
+        order = np.argsort(row["means"], kind="stable")[:2]
+        extra = [row["lrs"][i] for i in order] + [
+            v for v in (rule_rate(r, N, lr0, ref) for r in RULES) if v is not None
+        ]
+        want += [(N, lr, s) for lr in extra for s in range(MIN_SEEDS)]
+    want += [(N, lr, 0) for lr in rates]
+  out = []
+  for w in want:
+    key = (w[0], _lr(w[1]), w[2])
+    if key not in have and key not in out:
+      out.append(key)
+  return out
+
+
+def best_so_far(recs, N, t_top) -> float | None:
+  vals = [
+      r.get(f"rollouts@{t_top}")
+      for r in recs
+      if r["N"] == N and not r["capped"] and r.get(f"rollouts@{t_top}") is not None
+  ]
+  return min(vals) if vals else None
+
+
+def run_batch(args, config, todo, recs, tgt) -> list[dict]:
+  """Run ``todo`` (N, lr, seed) with their caps; returns their records."""
+  K = config.batch.rollouts_per_prompt
+  t_top = float(max(tgt))
+  budget = batch_law.MAX_ROLLOUTS if not args.quick else 16 * batch_law.QUICK_ROUNDS * 8
+  over, caps = [], []
+  for N, lr, seed in todo:
+    cap = lr_envelope.run_cap(best_so_far(recs, N, t_top), args.cap, budget)
+    caps.append(cap)
+    over.append(
+        {
+            "batch.num_prompts": N // K,
+            "optim.lr": lr,
+            "seed": seed,
+            "train.eval_every": batch_law.eval_every(N) if not args.quick else 2,
+            "train.num_rounds": max(1, math.ceil(cap / N)),
+        }
+    )
+  rows = study_runner.run_study(config, over, args.root, workers=args.workers)
+  fp = report.processor_fingerprint()
+  out = []
+  for (N, lr, seed), cap, rec in zip(todo, caps, study.collect(rows, tgt, config)):
+    d = dict(N=N, lr=lr, seed=seed, cap_rollouts=cap, processor=fp)
+    for t in tgt:
+      for x in ("rounds", "rollouts"):
+        d[f"{x}@{float(t)}"] = rec["to_target"][float(t)][x]
+    d["capped"] = d[f"rollouts@{t_top}"] is None and cap < budget
+    out.append(d)
+  return out
+
+
+def study_config(quick: bool):
+  c = batch_law.get_config("quick" if quick else "on")
+  c.optim.warmup_steps = 0
+  c.optim.lr_rule = "constant"  # the scanned rate is the rate
+  c.train.stop_below_pass_rate = batch_law.COLLAPSED  # a diverging rate stops early
+  return c
+
+
+# ---------------------------------------------------------------- analysis
+
+
+def analyse(args, recs, tgt, lr0, ref, t_start):
+  out = report.Results(NAME, root=args.out)
+  main_t = float(tgt[len(tgt) // 2])
+  table, fits, alphas, ratios = [], {}, {}, []
+  for t in map(float, tgt):
+    env = lr_envelope.envelope(as_envelope_records(recs, t), n_boot=2000)
+    env_s = {r["N"]: r for r in lr_envelope.envelope(as_envelope_records(recs, t, "rounds"))}
+    for row in env:
+      s = env_s[row["N"]]
+      table.append(
+          dict(
+              target=t,
+              N=row["N"],
+              rates=" ".join(f"{v:.3g}" for v in row["lrs"]),
+              best_lr=row["best_lr"],
+              bracketed=row["bracketed"],
+              E=stats.fmt(row["best"], row["lo"], row["hi"]),
+              S=stats.fmt(s["best"], s["lo"], s["hi"]),
+              E_star=row["best"],
+              E_lo=row["lo"],
+              E_hi=row["hi"],
+              status=row["status"],
+          )
+      )
+    ok = [r for r in env if r["bracketed"]]
+    best_runs = [
+        r
+        for r in recs
+        for row in ok
+        if r["N"] == row["N"] and r["lr"] == row["best_lr"] and not r["capped"]
+    ]
+    try:
+      fits[t] = batch_law_lib.fit_critical_batch(
+          [r["N"] for r in best_runs],
+          [r.get(f"rounds@{t}") for r in best_runs],
+          [r["seed"] for r in best_runs],
+      )
+    except ValueError as e:
+      fits[t] = dict(error=str(e), verdict="unresolved")
+    try:
+      alphas[t] = lr_envelope.lr_exponent(env)
+    except ValueError as e:
+      alphas[t] = dict(error=str(e))
+    for row in env:
+      for rule in RULES:
+        lr = rule_rate(rule, row["N"], lr0, ref)
+        cell = [
+            r.get(f"rollouts@{t}")
+            for r in recs
+            if r["N"] == row["N"] and r["lr"] == lr and lr is not None
+        ]
+        if not cell or not math.isfinite(row["best"]):
+          continue
+        vals = [math.inf if v is None else v for v in cell]
+        ratios.append(
+            dict(
+                target=t,
+                N=row["N"],
+                rule=rule,
+                seeds=len(vals),
+                ratio=float(np.mean(vals)) / row["best"],
+                holds=bool(np.isfinite(vals).all() and np.mean(vals) / row["lo"] < 1.25),
+            )
+        )
+  lines = []
+  for t, f in fits.items():
+    if "error" in f:
+      lines.append(f"- target {t}: no fit ({f['error']})")
+      continue
+    lof = f.get("lack_of_fit") or {}
+    lines.append(
+        f"- target {t}: B_crit {stats.fmt(f['B_crit'], f['B_crit_lo'], f['B_crit_hi'])} "
+        f"rollouts ({f['verdict']}; interval over {f['interval']}); lack of fit "
+        + (f"F = {lof['F']:.3g}, p = {lof['p_value']:.3g}" if lof else "not testable")
+    )
+  for t, a in alphas.items():
+    lines.append(
+        f"- target {t}: lr* ~ N^alpha, alpha = "
+        + (
+            stats.fmt(a["alpha"], a["lo"], a["hi"]) + f" over N {a['ns']} (sqrt rule 0.5, linear 1)"
+            if "error" not in a
+            else a["error"]
+        )
+    )
+  notes = "\n".join(
+      [
+          f"Runs: configs/batch_law.py:on, no warmup, each rate given outright; {len(recs)} "
+          f"runs recorded in {NAME}_runs.csv. E, S: least mean rollouts / rounds to the target "
+          "over the scanned rates, [90% bootstrap interval over seeds resampled in every cell, "
+          "argmin retaken]. A best rate at the edge of its scan is flagged, not reported as "
+          "the optimum.",
+          "",
+          *lines,
+          "",
+          f"- Command: `{' '.join(['python'] + sys.argv)}`.",
+      ]
+  )
+  cols = ["target", "N", "rates", "best_lr", "bracketed", "E", "S", "status"]
+  out.table(table, cols, title="The learning-rate envelope (on-policy, no warmup)", notes=notes)
+  with open(out.path("_rules.csv"), "w", newline="") as f:
+    if ratios:
+      w = csv.DictWriter(f, fieldnames=list(ratios[0]))
+      w.writeheader()
+      w.writerows(ratios)
+  main_env = [r for r in table if r["target"] == main_t and math.isfinite(r["E_star"])]
+  if main_env:
+    a = alphas.get(main_t, {})
+    fig = plots.lr_envelope(
+        [r["N"] for r in main_env],
+        [r["best_lr"] for r in main_env],
+        [r["bracketed"] for r in main_env],
+        lr0=lr0,
+        ref=ref,
+        alpha=a.get("alpha"),
+        title=f"best learning rate per N (target {main_t}; open: at a scan edge)",
+    )
+    out.figure(fig, "_lr.png")
+  out.manifest(
+      config=study_config(args.quick),
+      wall_seconds=time.time() - t_start,
+      targets=list(tgt),
+      ns=args.ns,
+      cap=args.cap,
+      fits={str(t): {k: v for k, v in f.items() if k != "boot_B_crit"} for t, f in fits.items()},
+      alphas={str(t): a for t, a in alphas.items()},
+  )
+
+
+def main(argv=None):
+  args = parse_args(argv)
+  logging.set_verbosity(logging.WARNING)
+  t0 = time.time()
+  c = study_config(args.quick)
+  tgt = batch_law.targets("quick" if args.quick else "on")
+  t_top = float(max(tgt))
+  lr0, ref = c.optim.lr, c.optim.ref_batch
+  path = records_path(args.out)
+  recs = load_records(path)
+  while not args.replot and time.time() - t0 < args.hours * 3600:
+    todo = wanted(recs, args.ns, t_top, lr0, ref)
+    if not todo:
+      break
+    todo = todo[: max(2, args.workers)]  # a few at a time: caps follow the best so far
+    recs += run_batch(args, c, todo, recs, tgt)
+    save_records(path, recs)
+  if recs:
+    analyse(args, recs, tgt, lr0, ref, t0)
+
+
+if __name__ == "__main__":
+  main()
