@@ -121,7 +121,11 @@ class AdaptiveBatch:
   B = lo / h and at B = hi h (the interval widened by ``hysteresis``) lie on
   the same side of the current bucket, to the optimum at the point value.
   The optimum does not decrease in B, so a flat signal whose interval
-  contains its own value cannot make N oscillate either. The learning rate follows ``optim.lr_rule`` from the
+  contains its own value cannot make N oscillate either. With measured
+  round times, a move to a batch size not yet run must also repay its
+  compile within the training time spent so far
+  (``time_optimal.repays``); ``held_for_cost`` counts the decisions it
+  blocked. The learning rate follows ``optim.lr_rule`` from the
   chosen rollouts per update (the trainer's job, ``train.update_round``).
   ``state_dict`` / ``load_state_dict`` carry the choice across a checkpoint
   restore (with the tracker's own state, a resumed run makes the same
@@ -163,6 +167,7 @@ class AdaptiveBatch:
       )
     self.prompts = start
     self.changes = 0
+    self.held_for_cost = 0  # decisions that kept N because a move would not repay its compile
     self.target = math.nan  # prompts the last signal asked for (before bucketing)
 
   def _nearest(self, p: float) -> int:
@@ -215,7 +220,14 @@ class AdaptiveBatch:
     cur = self.prompts
     lo, hi = self.best_prompts(f * signal["lo"] / h), self.best_prompts(f * signal["hi"] * h)
     if (lo > cur and hi > cur) or (lo < cur and hi < cur):
-      self._move(int(self.target))
+      new = int(self.target)
+      rt = self.round_times
+      if isinstance(rt, time_optimal.RoundTimes) and new * self.K not in rt.measured():
+        t = lambda p: time_optimal.relative_time(p * self.K, f * value, rt(p * self.K))
+        if not time_optimal.repays(t(cur), t(new), rt.total, rt.compile_cost()):
+          self.held_for_cost += 1
+          return self.prompts
+      self._move(new)
     return self.prompts
 
   def _move(self, new: int) -> None:
@@ -223,7 +235,12 @@ class AdaptiveBatch:
       self.prompts, self.changes = new, self.changes + 1
 
   def state_dict(self) -> dict:
-    out = dict(prompts=self.prompts, changes=self.changes, buckets=list(self.buckets))
+    out = dict(
+        prompts=self.prompts,
+        changes=self.changes,
+        held_for_cost=self.held_for_cost,
+        buckets=list(self.buckets),
+    )
     if isinstance(self.round_times, time_optimal.RoundTimes):
       out["round_times"] = self.round_times.state_dict()
     return out
@@ -241,5 +258,6 @@ class AdaptiveBatch:
       raise ValueError(f"the checkpoint's adaptive prompts={p} is not a bucket {self.buckets}")
     self.prompts = p
     self.changes = int(state.get("changes", 0))
+    self.held_for_cost = int(state.get("held_for_cost", 0))
     if isinstance(self.round_times, time_optimal.RoundTimes) and "round_times" in state:
       self.round_times.load_state_dict(state["round_times"])

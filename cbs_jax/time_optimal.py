@@ -14,6 +14,13 @@ modelled run). B is B_crit (or B_noise as its estimate). The argmin does not
 decrease as B grows (log(N + B) has decreasing differences in N as B grows),
 so an interval [B_lo, B_hi] maps to an interval of optimal N.
 
+A new batch size also costs a compile (``RoundTimes.compile_cost``, measured
+from the first rounds), so a move to an N not yet run pays only when the
+time it saves would repay that within the training time spent so far
+(``RoundTimes.total``): ``repays``. The time already spent is the horizon
+because the time still to go is unknown and a run tends to last at least as
+long again as it has lasted when it first has a resolved signal.
+
 ``RoundTimes`` is the measured throughput model: seconds per round recorded
 per N (the median of the latest ``window`` rounds at that N), and for an N
 not yet measured a fit t(N) = t0 + N / r (a per-round latency floor t0 and a
@@ -48,6 +55,13 @@ def best_n(ns: Sequence[int], b: float, round_time: Callable[[int], float]) -> i
   return int(ns[int(np.argmin(t))])
 
 
+def repays(t_cur: float, t_new: float, horizon_s: float, cost_s: float) -> bool:
+  """Whether moving from relative time ``t_cur`` to ``t_new`` (per unit of
+  progress) saves more than ``cost_s`` seconds over ``horizon_s`` seconds
+  of training: horizon (1 - t_new / t_cur) > cost."""
+  return t_new < t_cur and horizon_s * (1.0 - t_new / t_cur) > cost_s
+
+
 def _fit_floor_rate(ns: Sequence[float], ts: Sequence[float]) -> tuple[float, float]:
   """Least-squares t = t0 + c N with t0, c >= 0 (the better one-parameter
   fit when the free fit leaves the constraint). Returns (t0, c)."""
@@ -78,6 +92,8 @@ class RoundTimes:
     self.window = window
     self.prior = prior
     self.records: dict[int, list[float]] = {}
+    self.total = 0.0  # seconds of all recorded (steady, not compiling) rounds
+    self.first: dict[int, float] = {}  # seconds of the first round at each N (it compiled)
 
   def record(self, n: int, seconds: float) -> None:
     if not (math.isfinite(seconds) and seconds > 0):
@@ -85,6 +101,20 @@ class RoundTimes:
     rec = self.records.setdefault(int(n), [])
     rec.append(float(seconds))
     del rec[: -self.window]
+    self.total += float(seconds)
+
+  def record_first(self, n: int, seconds: float) -> None:
+    """The seconds of the first round at ``n`` in a process (it compiled)."""
+    if math.isfinite(seconds) and seconds > 0:
+      self.first[int(n)] = float(seconds)
+
+  def compile_cost(self) -> float:
+    """Seconds a new batch size costs beyond its round: the median excess
+    of the first rounds over the measured ones at the same N (0 before any
+    such pair)."""
+    m = self.measured()
+    excess = [t - m[n] for n, t in self.first.items() if n in m]
+    return float(max(np.median(excess), 0.0)) if excess else 0.0
 
   def measured(self) -> dict[int, float]:
     """The median seconds per round of each measured N."""
@@ -109,8 +139,15 @@ class RoundTimes:
   __call__ = predict
 
   def state_dict(self) -> dict:
-    return dict(window=self.window, records={str(n): list(v) for n, v in self.records.items()})
+    return dict(
+        window=self.window,
+        records={str(n): list(v) for n, v in self.records.items()},
+        total=self.total,
+        first={str(n): t for n, t in self.first.items()},
+    )
 
   def load_state_dict(self, state: Mapping) -> None:
     self.window = int(state.get("window", self.window))
     self.records = {int(n): [float(x) for x in v] for n, v in state.get("records", {}).items()}
+    self.total = float(state.get("total", 0.0))
+    self.first = {int(n): float(t) for n, t in state.get("first", {}).items()}

@@ -805,14 +805,17 @@ def round_time_fields(trainer: Trainer, state: run_state.RunState, P: int, secon
   if ctl is None or ctl.round_times is None:
     return {}
   rt = ctl.round_times
-  if isinstance(rt, time_optimal.RoundTimes) and P in trainer.timed:
-    rt.record(P * trainer.config.batch.rollouts_per_prompt, seconds)
+  if isinstance(rt, time_optimal.RoundTimes):
+    if P in trainer.timed:
+      rt.record(P * trainer.config.batch.rollouts_per_prompt, seconds)
+    else:
+      rt.record_first(P * trainer.config.batch.rollouts_per_prompt, seconds)
   trainer.timed.add(P)
   try:
     pred = rt(P * trainer.config.batch.rollouts_per_prompt)
   except ValueError:  # nothing measured yet
     pred = None
-  return {"adaptive/round_s_pred": pred}
+  return {"adaptive/round_s_pred": pred, "adaptive/held_for_cost": ctl.held_for_cost}
 
 
 def needs_calibration(config, state: run_state.RunState, rnd: int) -> bool:
@@ -829,6 +832,9 @@ def needs_calibration(config, state: run_state.RunState, rnd: int) -> bool:
       and config.batch.adaptive_calibrate
       and ctl.decides(rnd)
       and len(ctl.round_times.measured()) < 2
+      # a calibration compiles a bucket: worth it only once the run has trained
+      # for longer than a compile takes (time_optimal.repays' horizon)
+      and ctl.round_times.total > ctl.round_times.compile_cost()
   ):
     return False
   return controller_signal(config, state)["resolved"]
@@ -1059,12 +1065,13 @@ def _train_rl(c, workdir, setup):
       mininterval=1.0,
   )
   for rnd in bar:
-    r1, t0 = rnd + 1, time.time()
+    r1 = rnd + 1
     P_before = None if state.controller is None else state.controller.prompts
-    if needs_calibration(c, state, rnd):
+    if needs_calibration(c, state, rnd):  # timed apart (calibration_seconds), not in the round
       t_cal = time.time()
       calibrate_round_times(trainer, state)
       state.log.calibration_seconds += time.time() - t_cal
+    t0 = time.time()
     P, signal = choose_prompts(c, state, rnd)
     if P_before is not None and P != P_before:
       signal.update(switch_batch(c, state, P_before, P))

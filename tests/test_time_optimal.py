@@ -241,3 +241,34 @@ def test_calibration_waits_for_a_resolved_signal_at_a_decision_round():
   c.batch.adaptive_calibrate = True
   state.controller.round_times.record(512, 0.15)
   assert not train.needs_calibration(c, state, 10)  # two points already
+
+
+def test_repays_compares_the_saving_over_the_horizon_with_the_cost():
+  assert time_optimal.repays(1.0, 0.5, horizon_s=10.0, cost_s=4.0)  # saves 5 s > 4 s
+  assert not time_optimal.repays(1.0, 0.5, horizon_s=6.0, cost_s=4.0)  # saves 3 s
+  assert not time_optimal.repays(1.0, 1.2, horizon_s=1e9, cost_s=0.0)  # slower
+
+
+def test_a_move_to_an_uncompiled_bucket_waits_until_it_repays_its_compile():
+  """Round times that favour the largest bucket, a 5 s compile measured
+  from the first round: with 1 s of training spent the move is held
+  (counted), with 100 s it is made; a bucket already run costs nothing."""
+  rt = time_optimal.RoundTimes()
+  rt.record_first(256, 5.5)
+  for _ in range(5):
+    rt.record(256, 0.5)
+  rt.record(512, 0.5)
+  assert rt.compile_cost() == pytest.approx(5.0) and rt.total == pytest.approx(3.0)
+  ctl = controller.AdaptiveBatch(K, *BUCKETS, every=1, prompts=16, objective="time", round_times=rt)
+  b = dict(value=5000.0, lo=4500.0, hi=5500.0, resolved=True)
+  assert ctl.update(1, dict(b)) == 16 and ctl.held_for_cost == 1
+  rt.total = 100.0
+  assert ctl.update(2, dict(b)) == BUCKETS[1] and ctl.changes == 1
+  again = controller.AdaptiveBatch(
+      K, *BUCKETS, every=1, prompts=16, objective="time", round_times=rt
+  )
+  rt.total, rt.records[BUCKETS[1] * K] = 0.0, [0.5]
+  assert again.update(1, dict(b)) == BUCKETS[1]  # measured already: no compile to repay
+  state = time_optimal.RoundTimes()
+  state.load_state_dict(rt.state_dict())
+  assert state.compile_cost() == rt.compile_cost() and state.total == rt.total
