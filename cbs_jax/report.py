@@ -64,10 +64,10 @@ ISA_PREFIXES = ("avx", "fma", "f16c", "amx", "sse4", "bmi", "vaes", "vpclmul", "
 
 
 def processor() -> dict:
-  """What decides XLA's CPU code, and so a CPU run's last bits
-  (docs/metrics.md, "Why the same seed gives other numbers on another
-  machine"): the instruction-set flags XLA can target (from /proc/cpuinfo;
-  empty where that is not readable) and jaxlib's version."""
+  """What decides XLA's CPU code, and so a CPU run's last bits: the
+  instruction-set flags XLA can target (from /proc/cpuinfo; empty where
+  that is not readable) and jaxlib's version. Why: docs/metrics.md,
+  "Why the same seed gives other numbers on another machine"."""
   flags = set()
   try:
     with open("/proc/cpuinfo") as f:
