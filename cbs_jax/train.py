@@ -832,9 +832,10 @@ def needs_calibration(config, state: run_state.RunState, rnd: int) -> bool:
       and config.batch.adaptive_calibrate
       and ctl.decides(rnd)
       and len(ctl.round_times.measured()) < 2
-      # a calibration compiles a bucket: worth it only once the run has trained
-      # for longer than a compile takes (time_optimal.repays' horizon)
-      and ctl.round_times.total > ctl.round_times.compile_cost()
+      # a calibration compiles a bucket: worth it only if the best a neighbour bucket
+      # can save -- half the time per unit progress (docs/batch_law.md) -- over the
+      # training time spent so far repays that compile (time_optimal.repays)
+      and time_optimal.repays(1.0, 0.5, ctl.round_times.total, ctl.round_times.compile_cost())
   ):
     return False
   return controller_signal(config, state)["resolved"]

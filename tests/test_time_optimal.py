@@ -228,6 +228,7 @@ def test_calibration_waits_for_a_resolved_signal_at_a_decision_round():
       noise_adam=noise_tracker.NoiseEMA(0.5),
       controller=train.make_controller(c),
   )
+  state.controller.round_times.record_first(256, 4.1)  # a 4 s compile
   state.controller.round_times.record(256, 0.1)
   assert not train.needs_calibration(c, state, 5)  # not resolved yet
   rng = np.random.default_rng(0)
@@ -235,7 +236,9 @@ def test_calibration_waits_for_a_resolved_signal_at_a_decision_round():
     _feed(state.noise, 3000.0, rng, noise_frac=0.05)
   assert train.controller_signal(c, state)["resolved"]
   assert not train.needs_calibration(c, state, 6)  # not a decision round
-  assert train.needs_calibration(c, state, 10)
+  assert not train.needs_calibration(c, state, 10)  # 0.1 s trained: half of it < 4 s
+  state.controller.round_times.total = 8.1
+  assert train.needs_calibration(c, state, 10)  # half of 8.1 s > 4 s
   c.batch.adaptive_calibrate = False
   assert not train.needs_calibration(c, state, 10)
   c.batch.adaptive_calibrate = True
