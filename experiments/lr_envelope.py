@@ -71,12 +71,19 @@ COLUMNS = ("N", "lr", "seed", "capped", "cap_rollouts", "processor")
 
 def parse_args(argv=None):
   ap = study_runner.parser(__doc__, NAME, "sweep root (one workdir per run)")
-  ap.add_argument("--hours", type=float, default=6.0, help="stop scheduling new runs after this")
+  ap.add_argument(
+      "--hours",
+      type=float,
+      default=None,
+      help="stop scheduling new runs after this (6; quick 0.01)",
+  )
   ap.add_argument("--ns", default=None, help="batch sizes, comma-separated (default the study's)")
   ap.add_argument("--cap", type=float, default=CAP, help="run budget: cap x best rollouts at N")
   ap.add_argument("--replot", action="store_true", help="only tables and figures from the records")
   args = study_runner.parse(ap, argv)
-  default = "16,32,64" if args.quick else ",".join(str(n) for n in batch_law.NS)
+  if args.hours is None:
+    args.hours = 0.01 if args.quick else 6.0
+  default = "32,64" if args.quick else ",".join(str(n) for n in batch_law.NS)
   args.ns = [int(x) for x in (args.ns or default).split(",") if x]
   return args
 
@@ -142,11 +149,17 @@ def as_envelope_records(recs, t: float, x: str = "rollouts") -> list[dict]:
 # ---------------------------------------------------------------- scheduling
 
 
-def wanted(recs, ns, t_top, lr0, ref) -> list[tuple[int, float, int]]:
-  """The (N, lr, seed) runs the protocol asks for next, given the records."""
+def wanted(recs, ns, targets, lr0, ref) -> list[tuple[int, float, int]]:
+  """The (N, lr, seed) runs the protocol asks for next, given the records.
+  Each N is scheduled on the highest target that some scanned rate reached
+  with every seed (the lower ones where the higher are out of reach)."""
   have = {(r["N"], _lr(r["lr"]), r["seed"]) for r in recs}
   want = []
-  env = {row["N"]: row for row in lr_envelope.envelope(as_envelope_records(recs, t_top), n_boot=50)}
+  env = {}
+  for t in sorted(map(float, targets)):
+    for row in lr_envelope.envelope(as_envelope_records(recs, t), n_boot=50):
+      if math.isfinite(row["best"]) or row["N"] not in env:
+        env[row["N"]] = row
   for N in ns:
     k0 = round(grid_k(N, ref))
     rates = [lr0 * 2.0 ** (k0 + d) for d in (-1, 0, 1)]
@@ -358,7 +371,7 @@ def main(argv=None):
   path = records_path(args.out)
   recs = load_records(path)
   while not args.replot and time.time() - t0 < args.hours * 3600:
-    todo = wanted(recs, args.ns, t_top, lr0, ref)
+    todo = wanted(recs, args.ns, tgt, lr0, ref)
     if not todo:
       break
     todo = todo[: max(2, args.workers)]  # a few at a time: caps follow the best so far
