@@ -273,6 +273,8 @@ def test_adaptive_batch_follows_the_tracker_within_buckets(monkeypatch, tmp_path
   monkeypatch.setitem(tasks.TASKS, "first_digit_one", OddFirstDigit)
   c = tiny_config(train__num_rounds=12, train__eval_every=12, optim__lr=1e-4)
   c.batch.schedule = "adaptive"
+  c.batch.adaptive_objective = "steps"  # N = the signal (the time objective: test_time_optimal.py)
+  c.batch.adaptive_switch_warmup = 0  # the lr jumps to the rule's rate (asserted below)
   c.batch.adaptive_min_prompts, c.batch.adaptive_max_prompts = 4, 16
   c.batch.adaptive_every = 2
   c.batch.adaptive_factor = 1.0
