@@ -124,6 +124,34 @@ def ratio_of_means(num, den) -> tuple[float, float]:
   return float(ratio), float(se)
 
 
+def _ratio_of_means(num, den, axis=-1):
+  return np.mean(num, axis=axis) / np.mean(den, axis=axis)
+
+
+def ratio_of_means_interval(num, den, level: float = 0.9, n_boot: int = 4000, seed: int = 0):
+  """Ratio of the mean of ``num`` to the mean of ``den`` (per-seed values),
+  with a percentile bootstrap interval (``scipy.stats.bootstrap``, unpaired:
+  seeds resampled within each arm); None when a seed of either arm did not
+  reach the target."""
+  if not num or not den or any(v is None for v in num + den):
+    return None, None, None
+  a, b = np.asarray(num, np.float64), np.asarray(den, np.float64)
+  if not b.min() > 0:  # the reference was at the target before its first update
+    return None, None, None
+  boot = sps.bootstrap(
+      (a, b),
+      _ratio_of_means,
+      n_resamples=n_boot,
+      vectorized=True,
+      paired=False,
+      confidence_level=level,
+      method="percentile",
+      random_state=np.random.default_rng(seed),
+  )
+  ci = boot.confidence_interval
+  return float(a.mean() / b.mean()), float(ci.low), float(ci.high)
+
+
 def fieller_interval(
     num: float, den: float, var_num: float, var_den: float, cov: float, z: float
 ) -> tuple[float, float]:

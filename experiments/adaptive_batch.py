@@ -61,7 +61,6 @@ import time
 
 import numpy as np
 from absl import logging
-from scipy import stats as sps
 
 from cbs_jax import batch_law as batch_law_lib
 from cbs_jax import metrics as metrics_lib
@@ -205,34 +204,6 @@ def run_record(row: dict, arm: str, targets, rate: Rate | None) -> dict:
       N_visited=sorted(set(traj["N"])),
       summary=row.get("summary", {}),
   )
-
-
-def _ratio_of_means(num, den, axis=-1):
-  return np.mean(num, axis=axis) / np.mean(den, axis=axis)
-
-
-def ratio_of_means_interval(num, den, level=LEVEL, n_boot=4000, seed=0):
-  """Ratio of the mean of ``num`` to the mean of ``den`` (per-seed values),
-  with a percentile bootstrap interval (``scipy.stats.bootstrap``, unpaired:
-  seeds resampled within each arm); None when a seed of either arm did not
-  reach the target."""
-  if not num or not den or any(v is None for v in num + den):
-    return None, None, None
-  a, b = np.asarray(num, np.float64), np.asarray(den, np.float64)
-  if not b.min() > 0:  # the reference was at the target before its first update
-    return None, None, None
-  boot = sps.bootstrap(
-      (a, b),
-      _ratio_of_means,
-      n_resamples=n_boot,
-      vectorized=True,
-      paired=False,
-      confidence_level=level,
-      method="percentile",
-      random_state=np.random.default_rng(seed),
-  )
-  ci = boot.confidence_interval
-  return float(a.mean() / b.mean()), float(ci.low), float(ci.high)
 
 
 def verdict(ratio, lo, hi, threshold, better: str) -> str:
@@ -404,7 +375,7 @@ def main(argv=None):
       if ref is None:
         d[f"vs {ref_name}"] = "–"
         continue
-      rr, lo, hi = ratio_of_means_interval(vals(recs), vals(ref))
+      rr, lo, hi = stats.ratio_of_means_interval(vals(recs), vals(ref), LEVEL)
       d[f"vs {ref_name}"] = stats.fmt(rr, lo, hi) if rr is not None else "–"
       if name.startswith("adaptive"):
         verdicts.append(

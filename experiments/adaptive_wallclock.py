@@ -48,7 +48,6 @@ import time
 
 import numpy as np
 from absl import logging
-from scipy import stats as sps
 
 from cbs_jax import batch_law as batch_law_lib
 from cbs_jax import metrics as metrics_lib
@@ -196,30 +195,6 @@ def _float(v):
   return math.inf if v == "inf" else float(v)
 
 
-def ratio_interval(num, den, seed=0):
-  """Ratio of means with a percentile bootstrap interval (seeds resampled
-  within each arm; ``scipy.stats.bootstrap``); Nones when a seed of either
-  arm did not reach the target."""
-  if not num or not den or any(v is None for v in num + den):
-    return None, None, None
-  a, b = np.asarray(num, float), np.asarray(den, float)
-  res = sps.bootstrap(
-      (a, b),
-      lambda x, y, axis=-1: np.mean(x, axis=axis) / np.mean(y, axis=axis),
-      n_resamples=4000,
-      vectorized=True,
-      paired=False,
-      confidence_level=LEVEL,
-      method="percentile",
-      random_state=np.random.default_rng(seed),
-  )
-  return (
-      float(a.mean() / b.mean()),
-      float(res.confidence_interval.low),
-      float(res.confidence_interval.high),
-  )
-
-
 def verdict(r, lo, hi, threshold):
   if r is None:
     return "unresolved (a seed did not reach the target)"
@@ -282,7 +257,9 @@ def switch_penalty(adaptive, fixed_by_n, s1):
   rows = []
   for n_new, o in sorted(out.items()):
     r, lo, hi = (
-        ratio_interval(o["adaptive"], o["fresh"]) if len(o["adaptive"]) >= 2 else (None,) * 3
+        stats.ratio_of_means_interval(o["adaptive"], o["fresh"])
+        if len(o["adaptive"]) >= 2
+        else (None,) * 3
     )
     rows.append(dict(N=n_new, runs=len(o["adaptive"]), ratio=r, lo=lo, hi=hi))
   return rows
@@ -345,7 +322,7 @@ def main(argv=None):
         iv = study.seed_interval(val(rs, x) if t == main_t else [r["to"][t][x] for r in rs], LEVEL)
         d[f"{lab}@{t}"] = stats.fmt(iv["mean"], iv["lo"], iv["hi"])
     for ref, thr, lab in ((best_arm, NEAR, "vs best"), (default_arm, 1.0, "vs default")):
-      r_, lo, hi = ratio_interval(val(rs, "seconds"), val(recs[ref], "seconds"))
+      r_, lo, hi = stats.ratio_of_means_interval(val(rs, "seconds"), val(recs[ref], "seconds"))
       d[lab] = stats.fmt(r_, lo, hi) if r_ is not None else "–"
       if arm == "adaptive":
         verdicts.append(
@@ -395,7 +372,7 @@ def main(argv=None):
     if best_n:
       ivb = study.seed_interval(fixed[best_n], LEVEL)
       d["best fixed s"] = stats.fmt(ivb["mean"], ivb["lo"], ivb["hi"])
-      r_, lo, hi = ratio_interval(ad_s, fixed[best_n])
+      r_, lo, hi = stats.ratio_of_means_interval(ad_s, fixed[best_n])
       d["vs best"] = stats.fmt(r_, lo, hi) if r_ is not None else "–"
       verdicts.append(
           f"- modelled {acc}: adaptive vs best fixed N={best_n} under the same model: "
