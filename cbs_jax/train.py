@@ -37,6 +37,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import math
 import time
 from typing import Any
 
@@ -92,6 +93,12 @@ def make_optimizer(oc, param_dtype: str = "float32") -> optax.GradientTransforma
     return tx if param_dtype == "float32" else precision.master_weights(tx)
 
   return optax.inject_hyperparams(make)(learning_rate=oc.lr)
+
+
+def adam_metric_warmup(b2: float) -> int:
+  """Optimizer steps before the Adam-metric tracker takes estimates:
+  ceil(1 / (1 - b2)), the memory of Adam's second moment."""
+  return math.ceil(1.0 / (1.0 - b2))
 
 
 def adam_metric_of(opt_state, oc):
@@ -937,7 +944,11 @@ def update_trackers(config, state: run_state.RunState, extras: dict, P: int) -> 
   if extras.get("split_adam") is not None:  # Adam's metric with this update's gradient
     est = noise.split_estimates(gradstats.sum_leaves(extras["split_adam"]))
     row.update(noise_row("noise_split_adam", noise_stats.noise_stats(est, P_mb, K)))
-    row.update(noise_row("noise_ema_adam", state.noise_adam.update(est, P_mb, K)))
+    # the tracker starts once nu averages ~1 / (1 - b2) gradients: before that the
+    # preconditioner of a coordinate is ~1 / |its few gradients| and the linearised
+    # metric noise is unbounded where they nearly cancel (docs/noise.md)
+    if state.counters.step >= adam_metric_warmup(config.optim.b2):
+      row.update(noise_row("noise_ema_adam", state.noise_adam.update(est, P_mb, K)))
   for name, ema in (("noise_ema", state.noise), ("noise_ema_adam", state.noise_adam)):
     if ema.count:
       iv = ema.interval(config.batch.adaptive_z)

@@ -62,3 +62,36 @@ def test_ema_checks_its_input():
     noise_tracker.NoiseEMA().update(dict(trace_total=1.0, g2=1.0), 4, 4)
   with pytest.raises(ValueError, match="decay=1.0"):
     noise_tracker.NoiseEMA(1.0)
+
+
+def test_the_adam_metric_tracker_starts_after_adams_memory(monkeypatch):
+  """train.update_trackers feeds the raw tracker from the first round and the
+  Adam-metric tracker only from optimizer step ceil(1 / (1 - b2)) on."""
+  from cbs_jax import config as config_lib  # pylint: disable=import-outside-toplevel
+  from cbs_jax import gradstats  # pylint: disable=import-outside-toplevel
+  from cbs_jax import noise  # pylint: disable=import-outside-toplevel
+  from cbs_jax import run_state  # pylint: disable=import-outside-toplevel
+  from cbs_jax import train  # pylint: disable=import-outside-toplevel
+
+  est = dict(trace_intra=300.0, trace_inter=5.0, g2=1.0)
+  monkeypatch.setattr(gradstats, "sum_leaves", lambda m, *a: m)
+  monkeypatch.setattr(noise, "split_estimates", lambda m: dict(est))
+  c = config_lib.base_config()
+  c.optim.b2 = 0.95
+  assert train.adam_metric_warmup(0.95) == 20 and train.adam_metric_warmup(0.99) == 100
+  state = run_state.RunState(
+      params=None,
+      opt_state=None,
+      history=[],
+      counters=run_state.Counters(),
+      noise=noise_tracker.NoiseEMA(0.9),
+      noise_adam=noise_tracker.NoiseEMA(0.9),
+      controller=None,
+      log=run_state.RunLog(),
+  )
+  for step in range(25):
+    state.counters.step = step
+    row = train.update_trackers(c, state, {"split": "m", "split_adam": "m"}, 16)
+    assert "noise_split_adam/g2" in row
+    assert ("noise_ema_adam/g2" in row) == (step >= 20)
+  assert state.noise.count == 25 and state.noise_adam.count == 5
