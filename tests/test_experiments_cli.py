@@ -37,6 +37,7 @@ FLAGS = {
     ],
     "sft_headroom": ["--root", "--out", "--quick"],
     "bench_parallel": ["--ns", "--rounds", "--repeats", "--workers", "--quick"],
+    "tracker_resolution": ["workdir"],
     "lr_envelope": [
         "--root",
         "--out",
@@ -324,3 +325,29 @@ def test_on_policy_root_is_where_the_other_studies_read_it():
   spec.loader.exec_module(script)
   reader = study_runner.parser("doc", "demo", "root", on_root_help="on-policy root")
   assert script.parse_args([]).root == reader.get_default("on_root") == "runs/batch_law_on"
+
+
+def test_tracker_resolution_counts_resolved_rounds(tmp_path):
+  """experiments/tracker_resolution.py on a hand-made metrics file."""
+  from cbs_jax import metrics as metrics_lib  # pylint: disable=import-outside-toplevel
+
+  exp = experiment_scripts.load("tracker_resolution")
+  rows = [dict(round=0)]
+  for r in range(1, 6):
+    ok = r >= 3
+    rows.append(
+        {
+            "round": r,
+            "noise_ema/g2": 1.0 if ok else -1.0,
+            "noise_ema/b_noise": 100.0 * r if ok else None,
+            "noise_ema/b_noise_lo": 50.0 if ok else 0.0,
+            "noise_ema/b_noise_hi": 200.0 if ok else "inf",
+        }
+    )
+  w = metrics_lib.MetricsWriter(str(tmp_path), tensorboard=False)
+  for r in rows:
+    w.write(r)
+  w.close()
+  got = exp.summary(metrics_lib.read_jsonl(str(tmp_path / "metrics.jsonl"))[1:], "noise_ema")
+  assert got == dict(rounds=5, resolved=3, first=3, fed=5, g2_negative=2, b_noise_last100=400.0)
+  assert exp.summary(rows[1:], "noise_ema_adam")["fed"] == 0
