@@ -150,29 +150,30 @@ def as_envelope_records(recs, t: float, x: str = "rollouts") -> list[dict]:
 
 
 def wanted(recs, ns, targets, lr0, ref) -> list[tuple[int, float, int]]:
-  """The (N, lr, seed) runs the protocol asks for next, given the records.
-  Each N is scheduled on the highest target that some scanned rate reached
-  with every seed (the lower ones where the higher are out of reach)."""
+  """The (N, lr, seed) runs the protocol asks for next, given the records:
+  at every target some scanned rate reached with every seed, the next x2
+  step past an edge best, and once bracketed, the seeds at its best two
+  rates and at each rule's grid rate (the union over targets: the best
+  rate may differ between them)."""
   have = {(r["N"], _lr(r["lr"]), r["seed"]) for r in recs}
-  want = []
-  env = {}
+  rows = {}  # N -> the envelope rows at the targets where something reached
   for t in sorted(map(float, targets)):
     for row in lr_envelope.envelope(as_envelope_records(recs, t), n_boot=50):
-      if math.isfinite(row["best"]) or row["N"] not in env:
-        env[row["N"]] = row
+      if math.isfinite(row["best"]):
+        rows.setdefault(row["N"], []).append(row)
+  want = []
   for N in ns:
     k0 = round(grid_k(N, ref))
-    rates = [lr0 * 2.0 ** (k0 + d) for d in (-1, 0, 1)]
-    row = env.get(N)
-    if row is not None and len(row["lrs"]) < MAX_RATES:
-      rates += lr_envelope.next_rates(row)
+    want += [(N, lr0 * 2.0 ** (k0 + d), 0) for d in (-1, 0, 1)]
+    for row in rows.get(N, []):
+      if len(row["lrs"]) < MAX_RATES:
+        want += [(N, lr, 0) for lr in lr_envelope.next_rates(row)]
       if row["bracketed"]:
         order = np.argsort(row["means"], kind="stable")[:2]
         extra = [row["lrs"][i] for i in order] + [
             v for v in (rule_rate(r, N, lr0, ref) for r in RULES) if v is not None
         ]
         want += [(N, lr, s) for lr in extra for s in range(MIN_SEEDS)]
-    want += [(N, lr, 0) for lr in rates]
   out = []
   for w in want:
     key = (w[0], _lr(w[1]), w[2])
