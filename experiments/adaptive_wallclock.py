@@ -102,8 +102,6 @@ def configs(args):
   with fx.unlocked():
     fx.train.eval_every = 1  # evaluations on the rollout grid (run_on_grid)
     fx.train.num_rounds = ad.train.num_rounds
-  for c in (ad, fx):
-    c.sft.base_dir = os.path.abspath(os.path.join(args.root, "sft_base"))
   tgt = batch_law.targets("quick" if args.quick else "on")
   return ad, fx, tgt, adaptive_batch.eval_grid(arg)
 
@@ -178,6 +176,7 @@ def record(row, arm, targets, round_model=None):
         x: batch_law_lib.steps_to_target(arr["round" if x == "rounds" else x], arr["score"], t)
         for x in xs
     }
+  secs = [r["gen_seconds"] + r["update_seconds"] for r in rows if "batch_size" in r]
   return dict(
       arm=arm,
       seed=row["overrides"].get("seed", 0),
@@ -186,6 +185,14 @@ def record(row, arm, targets, round_model=None):
       traj=traj,
       to=to,
       N_visited=sorted({n for n in traj["N"]}),
+      # where the seconds go: the first round compiles; the calibration is timed apart
+      first_round_s=secs[0] if secs else None,
+      median_round_s=float(np.median(secs)) if secs else None,
+      calibration_s=float(summ.get("calibration_seconds") or 0.0),
+      held_for_cost=next(
+          (r["adaptive/held_for_cost"] for r in reversed(rows) if "adaptive/held_for_cost" in r),
+          None,
+      ),
   )
 
 
@@ -420,6 +427,8 @@ def main(argv=None):
   for arm, rs in list(recs.items()) + list(mrecs.items()):
     for r in rs:
       pr = dict(arm=arm, seed=r["seed"], N_visited=" ".join(map(str, r["N_visited"])))
+      for k in ("first_round_s", "median_round_s", "calibration_s", "held_for_cost"):
+        pr[k] = r[k]
       for t in tgt:
         for x, v in r["to"][float(t)].items():
           pr[f"{x}@{float(t)}"] = v
