@@ -76,6 +76,60 @@ def default_config() -> ml_collections.ConfigDict:
   return c
 
 
+# Named model shapes for benchmarks and device checks (random init: timings
+# depend on shapes only). "1m" and "25m" are the project's benchmark models;
+# "qwen2.5-0.5b" has the dimensions of Qwen2.5-0.5B's config.json (hidden 896,
+# 24 layers, 14 query / 2 key-value heads of 64, intermediate 4864, vocab
+# 151,936, tied embeddings, q/k/v biases, rope theta 1e6).
+SHAPE_FIELDS = (
+    "vocab_size",
+    "d_model",
+    "num_layers",
+    "num_heads",
+    "num_kv_heads",
+    "d_ff",
+    "head_dim",
+    "qkv_bias",
+    "qk_norm",
+    "tie_embeddings",
+    "rope_theta",
+)
+PRESETS = {
+    "1m": dict(vocab_size=64, d_model=128, num_layers=4, num_heads=4, num_kv_heads=4, d_ff=512),
+    "25m": dict(vocab_size=64, d_model=512, num_layers=8, num_heads=8, num_kv_heads=4, d_ff=1536),
+    "qwen2.5-0.5b": dict(
+        vocab_size=151_936,
+        d_model=896,
+        num_layers=24,
+        num_heads=14,
+        num_kv_heads=2,
+        d_ff=4864,
+        head_dim=64,
+        qkv_bias=True,
+        tie_embeddings=True,
+        rope_theta=1_000_000.0,
+    ),
+}
+
+
+def preset_config(
+    name: str, base: ml_collections.ConfigDict | None = None, keep_vocab: bool = False
+) -> ml_collections.ConfigDict:
+  """``base`` (default: ``default_config()``, copied) with the shape of the
+  named preset; ``keep_vocab`` keeps ``base``'s vocabulary (a task's
+  tokenizer). Fields a preset leaves out take their default values, so a
+  preset never inherits a shape field from ``base``."""
+  if name not in PRESETS:
+    raise ValueError(f"unknown model preset {name!r}; known: {sorted(PRESETS)}")
+  c = ml_collections.ConfigDict(base.to_dict() if base is not None else default_config())
+  ref = default_config()
+  shape = {k: ref[k] for k in SHAPE_FIELDS} | PRESETS[name]
+  if keep_vocab:
+    shape.pop("vocab_size")
+  c.update(shape)
+  return c
+
+
 def validate_config(c: ml_collections.ConfigDict, prefix: str = "model") -> None:
   """Raise ValueError naming the field for any inconsistent model setting."""
   for name in (

@@ -211,10 +211,22 @@ def main():
   )
   ap.add_argument("--no_ghost", action="store_true", help="skip the ghost-norm paths")
   ap.add_argument(
+      "--model",
+      default="",
+      choices=[""] + sorted(model_lib.PRESETS),
+      help="a model.PRESETS shape (random init, the task's vocabulary) instead of the config's",
+  )
+  ap.add_argument("--dtype", default="float32", choices=sorted(model_lib.DTYPES))
+  ap.add_argument(
       "--quick", action="store_true", help="P=4 x K=4, 2 repeats, no breakdown (a smoke run)"
   )
   args = ap.parse_args()
   config = default_cfg.get_config()
+  if args.model:
+    if args.base_dir:
+      ap.error("--model builds a fresh policy; give it or --base_dir, not both")
+    config.model = model_lib.preset_config(args.model, config.model, keep_vocab=True)
+  config.model.dtype = args.dtype
   if args.quick:
     args.repeats = 2
     config.batch.num_prompts, config.batch.rollouts_per_prompt = 4, 4

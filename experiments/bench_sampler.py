@@ -5,8 +5,10 @@ Command (from the repository root):
     python experiments/bench_sampler.py            # batches 64, 256, 1024
     python experiments/bench_sampler.py --quick    # batches 16, 64, one run each
 
-Model: d_model 128, 4 layers, 4 heads (head_dim 32, no GQA), SwiGLU 512,
-vocab 64, float32 (1.07M parameters), random init (seed 0). Prompts: 8
+Model (``--model``, a ``model.PRESETS`` shape; default ``1m``): d_model 128,
+4 layers, 4 heads (head_dim 32, no GQA), SwiGLU 512, vocab 64, float32
+(1.07M parameters), random init (seed 0); ``--dtype=bfloat16`` computes in
+bfloat16 with bfloat16 weights. Prompts: 8
 random tokens (no padding); 48 new tokens per sequence, temperature 1,
 ``eos_id=None`` (no early stop), so every sequence runs all 48 steps and
 tokens/s = batch x 48 / wall time of one call, prefill included.
@@ -56,9 +58,9 @@ from cbs_jax import systems
 PAD_ID = 0
 
 
-def bench_config():
-  c = model_lib.default_config()
-  c.update(vocab_size=64, d_model=128, num_layers=4, num_heads=4, num_kv_heads=4, d_ff=512)
+def bench_config(preset: str = "1m", dtype: str = "float32"):
+  c = model_lib.preset_config(preset)
+  c.dtype = dtype
   return c
 
 
@@ -107,6 +109,15 @@ def main():
       default=1,
       help="timed calls of the full-recompute sampler per batch",
   )
+  ap.add_argument(
+      "--model", default="1m", choices=sorted(model_lib.PRESETS), help="model shape (random init)"
+  )
+  ap.add_argument(
+      "--dtype",
+      default="float32",
+      choices=sorted(model_lib.DTYPES),
+      help="compute dtype of the model and of the matmul probe",
+  )
   ap.add_argument("--quick", action="store_true", help="batches 16,64, one run each")
   args = ap.parse_args()
   if args.quick:
@@ -116,13 +127,16 @@ def main():
     ap.error("--batches, --runs and --naive_runs must be positive")
   n_new, Tp = args.new_tokens, args.prompt_len
 
-  cfg = bench_config()
+  cfg = bench_config(args.model, args.dtype)
   cfg.max_len = Tp + n_new
   graphdef, params = model_lib.build(cfg, seed=0)
+  if args.dtype != "float32":  # weights stored in the compute dtype too, as served
+    cfg.param_dtype = args.dtype
+    params = jax.tree.map(lambda x: x.astype(model_lib.DTYPES[args.dtype]), params)
   dims = systems.ModelDims.from_config(cfg)
   print(
       f"jax {jax.__version__} on {jax.devices()[0].platform} ({jax.device_count()} "
-      f"device(s)); params {model_lib.param_count(params):,} (active {dims.active_params:,}); "
+      f"device(s)), {jax.devices()[0].device_kind}; model {args.model}, {args.dtype}; params {model_lib.param_count(params):,} (active {dims.active_params:,}); "
       f"d_model {cfg.d_model}, layers {cfg.num_layers}, heads {cfg.num_heads}/"
       f"{cfg.num_kv_heads} kv, vocab {cfg.vocab_size}; prompt {Tp}, new tokens {n_new}; "
       f"decode buckets {sampling.segment_bounds(n_new)}",
@@ -152,7 +166,11 @@ def main():
       graphdef, params, np_prompts, np_mask, data[B0][2], **host_kw
   )
   jax.block_until_ready(arms[f"generate {B0}"]())  # compiles nothing new; warms the cache
-  mm, bw = probes_lib.MatmulProbe(2048), probes_lib.BandwidthProbe(256)
+  on_cpu = jax.devices()[0].platform == "cpu"
+  mm_n = 2048 if on_cpu else 8192
+  mm, bw = probes_lib.MatmulProbe(mm_n, args.dtype), probes_lib.BandwidthProbe(
+      256 if on_cpu else 2048
+  )
   probes = {"matmul": mm.probe, "bandwidth": bw.probe}
 
   times = {k: [] for k in list(arms) + list(probes)}
@@ -174,10 +192,13 @@ def main():
   flops, band = mm.flops(med["matmul"]), bw.bandwidth(med["bandwidth"])
   acc = probes_lib.measured_accelerator(flops, band, source="bench_sampler probes")
   print(
-      f"measured: {flops / 1e9:.1f} GFLOP/s (f32 2048^2 matmul), {band / 1e9:.2f} GB/s "
-      f"(256 MiB read), ridge {flops / band:.1f} FLOP/byte; medians of {args.runs}"
+      f"measured: {flops / 1e9:.1f} GFLOP/s ({args.dtype} {mm_n}^2 matmul), {band / 1e9:.2f} "
+      f"GB/s ({bw.nbytes >> 20} MiB read), ridge {flops / band:.1f} FLOP/byte; medians of {args.runs}"
   )
 
+  # bytes per weight as stored (read every step), per KV entry in the compute dtype
+  w_bytes = systems.DTYPE_BYTES[cfg.param_dtype]
+  kv_bytes = systems.DTYPE_BYTES[cfg.dtype]
   rows = []
   for B in batches:
     out = outs[f"cached {B}"]
@@ -190,7 +211,9 @@ def main():
     same = np.asarray(naive_tokens) == np.asarray(out.tokens)
     prefix = np.cumprod(same, 1) > 0  # rows diverge after their first differing token
     lp_diff = float(np.abs(np.asarray(naive_lps) - np.asarray(out.logprobs))[prefix].max())
-    roof = systems.generation_roofline(dims, acc, B, Tp, n_new)
+    roof = systems.generation_roofline(
+        dims, acc, B, Tp, n_new, weight_bytes=w_bytes, kv_bytes=kv_bytes
+    )
     tok_c, tok_n = B * n_new / med[f"cached {B}"], B * n_new / med[f"naive {B}"]
     rows.append(
         dict(

@@ -15,7 +15,10 @@ Cases (random init, seed 0; timings depend on shapes only):
 * ``1m``: d_model 128, 4 layers, 4 heads (head_dim 32), SwiGLU 512, vocab
   64 (1.07M params; the sampler benchmark's model), 256 rollouts x (8 + 48);
 * ``25m``: d_model 512, 8 layers, 8 query / 4 key-value heads (head_dim 64),
-  SwiGLU 1536, vocab 64 (25.2M params), 32 rollouts x (16 + 48).
+  SwiGLU 1536, vocab 64 (25.2M params), 32 rollouts x (16 + 48);
+* ``qwen2.5-0.5b`` (only when named in ``--cases``; an accelerator's case,
+  ``experiments/device_check.py``): Qwen2.5-0.5B's dimensions
+  (``model.PRESETS``, 494M params), 16 rollouts x (16 + 48).
 
 The update is the trainer's: one jitted, donated optimizer step =
 ``jax.value_and_grad(objective.batch_loss)`` (GRPO's clipped policy loss,
@@ -33,7 +36,7 @@ timed round-robin (one call of each per repeat, so load from other processes
 hits them alike); medians of ``--repeats``. MFU = FLOPs / median update time
 / median-timed matmul FLOP/s. Last line:
 
-    RESULT train_mfu_vs_matmul=<25m case>
+    RESULT train_mfu_vs_matmul=<25m case> mfu_<case>=<each case run>
 """
 
 from __future__ import annotations
@@ -55,21 +58,13 @@ from cbs_jax import train
 from configs import default as default_cfg
 
 # name -> (model overrides of model.default_config(), rollouts, prompt len, completion len)
-CASES = {
+CASES = {  # name: (model preset or None = the quickstart's own, rollouts, prompt, completion)
     "quickstart": (None, 256, 9, 5),
-    "1m": (
-        dict(vocab_size=64, d_model=128, num_layers=4, num_heads=4, num_kv_heads=4, d_ff=512),
-        256,
-        8,
-        48,
-    ),
-    "25m": (
-        dict(vocab_size=64, d_model=512, num_layers=8, num_heads=8, num_kv_heads=4, d_ff=1536),
-        32,
-        16,
-        48,
-    ),
+    "1m": ("1m", 256, 8, 48),
+    "25m": ("25m", 32, 16, 48),
+    "qwen2.5-0.5b": ("qwen2.5-0.5b", 16, 16, 48),  # an accelerator's case (device_check.py)
 }
+DEFAULT_CASES = ("quickstart", "1m", "25m")
 
 
 def case_config(name: str, dtype: str, quick: bool):
@@ -81,8 +76,7 @@ def case_config(name: str, dtype: str, quick: bool):
     c.model.vocab_size = setup.model.vocab_size
   else:
     spec = scoring.SamplingSpec.from_config(c.sampling)
-    for k, v in over.items():
-      c.model[k] = v
+    c.model = model_lib.preset_config(over, c.model)
   c.model.dtype = dtype
   c.model.max_len = max(c.model.max_len, tp + tc)
   c.rl.kl_beta = 0.04
@@ -142,7 +136,7 @@ def make_update(graphdef, c, spec):
 
 def main():
   ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-  ap.add_argument("--cases", default=",".join(CASES), help=f"subset of {list(CASES)}")
+  ap.add_argument("--cases", default=",".join(DEFAULT_CASES), help=f"subset of {list(CASES)}")
   ap.add_argument("--repeats", type=int, default=7, help="timed calls per case (median)")
   ap.add_argument(
       "--dtype",
@@ -221,7 +215,8 @@ def main():
         f"{i['flops'] / 1e9:>9.2f}{med[name] * 1e3:>10.1f}{rate / 1e9:>9.1f}"
         f"{mfu[name]:>7.3f}"
     )
-  print(f"RESULT train_mfu_vs_matmul={mfu['25m']:.3f}")
+  each = " ".join(f"mfu_{k}={v:.3f}" for k, v in mfu.items())
+  print(f"RESULT train_mfu_vs_matmul={mfu['25m']:.3f} {each}")
 
 
 if __name__ == "__main__":

@@ -403,10 +403,21 @@ def test_good_configs_validate():
   model.validate_config(tiny_config(num_heads=8, num_kv_heads=1, d_model=32))
 
 
+@pytest.mark.parametrize("branch", ["cpu", "accelerator"])
 @pytest.mark.parametrize("lead,din,dout", [((3, 5), 4, 7), ((3, 5), 9, 2), ((6, 1), 8, 3)])
-def test_dense_gradient_matches_autodiff_and_finite_differences(lead, din, dout):
-  """``model.dense``'s custom backward (the narrower operand transposed on a
-  CPU) against jax's own transpose rule of ``x @ w`` and central differences."""
+def test_dense_gradient_matches_autodiff_and_finite_differences(
+    lead, din, dout, branch, monkeypatch
+):
+  """``model.dense``'s custom backward against jax's own transpose rule of
+  ``x @ w`` and central differences, in both of its platform branches: the
+  CPU's (the narrower operand transposed behind an optimisation barrier) and
+  the one every other platform takes, forced here on the CPU by handing the
+  CPU the accelerator's weight-gradient rule. The traced backward shows which
+  branch ran (the barrier is the CPU rule's alone)."""
+  if branch == "accelerator":
+    monkeypatch.setattr(model, "_dw_cpu", model._dw_default)  # pylint: disable=protected-access
+  probe = jax.make_jaxpr(jax.grad(lambda w_: jnp.sum(model.dense(jnp.ones((3, din)), w_))))
+  assert ("optimization_barrier" in str(probe(jnp.ones((din, dout))))) == (branch == "cpu")
   rng = np.random.default_rng(din)
   x = jnp.asarray(rng.normal(size=(*lead, din)), jnp.float32)
   w = jnp.asarray(rng.normal(size=(din, dout)), jnp.float32)
