@@ -99,6 +99,17 @@ def prepare_base(config, root: str) -> None:
   train.sft_base(config, os.path.join(root, "_base_probe"), setup)
 
 
+def on_policy_base(config, on_root: str):
+  """A copy of ``config`` whose runs start from the SFT base of the
+  on-policy sweep under ``on_root`` (``<on_root>/sft_base``, built there if
+  missing): a study that compares its runs with the on-policy ones starts
+  from the very same base policy, and trains it once."""
+  c = config.copy_and_resolve_references()
+  with c.unlocked():
+    c.sft.base_dir = os.path.abspath(os.path.join(on_root, "sft_base"))
+  return c
+
+
 def run_study(config, overrides, root: str, workers: int = 1, progress: bool = True):
   """Run (or resume, or read back) the sweep of ``overrides`` on ``config``
   under ``root``: the SFT base first, then every run (``sweep.run_sweep``)."""

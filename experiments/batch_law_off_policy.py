@@ -88,6 +88,7 @@ def main(argv=None):
       c, over = batch_law.get_config("quick"), quick_overrides(m)
     else:
       c, over = batch_law.get_config(name), batch_law.sweep(name)
+    c = study_runner.on_policy_base(c, args.on_root)
     rows = study_runner.run_study(c, over, os.path.join(args.root, name), workers=args.workers)
     records[name] = study.collect(rows, tgt, c)
     fits[name] = study.fit_targets(records[name], tgt, x="rounds")

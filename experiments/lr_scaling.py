@@ -96,6 +96,8 @@ def main(argv=None):
   for rule in rules:
     if quick:  # the sqrt runs are the quick on-policy sweep's (run here if missing)
       c = batch_law.get_config("quick")
+      if rule != "sqrt":  # its own runs, from the on-policy sweep's base
+        c = study_runner.on_policy_base(c, args.on_root)
       c.optim.lr_rule = rule
       where = args.on_root if rule == "sqrt" else os.path.join(args.root, rule)
       rows = study_runner.run_study(c, batch_law.sweep("quick"), where, workers=args.workers)
@@ -108,7 +110,7 @@ def main(argv=None):
       ]
       rows = study_runner.read_finished(over, args.on_root)
     else:
-      c = batch_law.get_config(f"lr_{rule}")
+      c = study_runner.on_policy_base(batch_law.get_config(f"lr_{rule}"), args.on_root)
       rows = study_runner.run_study(
           c, batch_law.sweep(f"lr_{rule}"), os.path.join(args.root, rule), workers=args.workers
       )

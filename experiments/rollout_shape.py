@@ -64,7 +64,8 @@ def main(argv=None):
   t0 = time.time()
   out = report.Results(NAME, root=args.out)
   if args.quick:  # N = 16: K = 4 from the quick on-policy sweep (run if missing), K = 2, 8 here
-    c = batch_law.get_config("quick")
+    c_on = batch_law.get_config("quick")
+    c = study_runner.on_policy_base(c_on, args.on_root)
     over = [
         {
             "batch.num_prompts": 16 // k,
@@ -74,14 +75,14 @@ def main(argv=None):
             "train.num_rounds": batch_law.QUICK_ROUNDS,
         }
         for k in (2, 8)
-        for s in batch_law.SEEDS
+        for s in batch_law.QUICK_SEEDS
     ]
     tgt, ns, noise_n = batch_law.targets("quick"), (16,), 16
     rows = study_runner.run_study(c, over, args.root, workers=args.workers)
     on = [o for o in batch_law.sweep("quick") if o["batch.num_prompts"] == 4]
-    rows += study_runner.run_study(c, on, args.on_root, workers=args.workers)
+    rows += study_runner.run_study(c_on, on, args.on_root, workers=args.workers)
   else:
-    c = batch_law.get_config("shape")
+    c = study_runner.on_policy_base(batch_law.get_config("shape"), args.on_root)
     tgt, ns, noise_n = batch_law.TARGETS, batch_law.SHAPE_NS, 1024
     rows = study_runner.run_study(c, batch_law.sweep("shape"), args.root, workers=args.workers)
     on = [o for o in batch_law.sweep("on") if o["batch.num_prompts"] * batch_law.K in ns]
