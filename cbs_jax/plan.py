@@ -250,6 +250,7 @@ def recommend(
     epochs: int = 1,
     extra_forwards: int = 0,
     full_cache: bool = False,
+    overheads: Any = "documented",
 ) -> dict:
   """Predicted time-to-target over N and the N that minimises it.
 
@@ -265,6 +266,9 @@ def recommend(
     ns: the batch sizes (rollouts) to tabulate; default powers of two in
       [min_n, max_n].
     parallel, mfu, epochs, extra_forwards, full_cache: ``systems.round_time``.
+    overheads: a ``systems.Overheads`` (e.g. ``floors.calibrate``'s for this
+      machine), "documented" (``systems.documented_overheads``: the public
+      floors of a named GPU, none elsewhere) or None (the bare roofline).
 
   Returns a dict: b, b_se, b_is_fit, b_source, K, s_min, accelerator,
   chips, dims, rows (one per N: n, p, s_rel = S/S_min, e_rel = E/E_min,
@@ -281,6 +285,11 @@ def recommend(
     raise ValueError(f"ns must be positive batch sizes, got {ns!r}")
   b, K = info["b"], info["K"]
   K = int(K) if K else None
+  if isinstance(overheads, str):
+    if overheads != "documented":
+      raise ValueError(f"overheads={overheads!r}: an Overheads, 'documented' or None")
+    known = acc.name in systems.ACCELERATORS
+    overheads = systems.documented_overheads(dims, acc) if known else None
   lr_of = None
   if optim is not None:
     lr0, rule, ref = optim["lr"], optim.get("lr_rule", "sqrt"), optim.get("ref_batch", 256)
@@ -299,6 +308,7 @@ def recommend(
           epochs=epochs,
           extra_forwards=extra_forwards,
           full_cache=full_cache,
+          overheads=overheads,
       )
       for n in ns
   ]
@@ -356,6 +366,7 @@ def recommend(
       rows=rows,
       best=best,
       n_range_2se=n_range,
+      overheads=None if overheads is None else overheads.as_dict(),
   )
   out["reasoning"] = _reasoning(out, dims, acc, chips, parallel, prompt_len, completion_len)
   return out
@@ -439,6 +450,12 @@ def format_report(res: dict) -> str:
       f"model: {res['dims']['params']} params ({res['dims']['active_params']} active); "
       f"prompt {res['prompt_len']} + completion {res['completion_len']} tokens",
       f"B = {res['b']:.4g} rollouts ({'B_crit fit' if res['b_is_fit'] else 'B_noise as B_crit'})",
+      "latency floors: "
+      + (
+          "none (the bare roofline, a lower bound on time)"
+          if not res.get("overheads")
+          else res["overheads"]["source"]
+      ),
   ]
   cols = ["N", "P", "S/S_min", "E/E_min", "rollouts/s", "round_s", "rel_time"]
   if res["s_min"] is not None:
@@ -493,6 +510,13 @@ def _define_flags():
   flags.DEFINE_integer("prompt_len", 0, "Prompt tokens Tp (0: from the config's task).")
   flags.DEFINE_integer("completion_len", 0, "Completion tokens Tc (0: from the config's task).")
   flags.DEFINE_float("mfu", 1.0, "Utilisation of the update (1.0 = roofline bound).")
+  flags.DEFINE_enum(
+      "floors",
+      "documented",
+      ["documented", "calibrate", "none"],
+      "Latency floors: a named GPU's documented ones (documented), this machine's measured "
+      "with the config's model (calibrate: cbs_jax.floors, ~20 s), or the bare roofline.",
+  )
   flags.DEFINE_string("json_out", None, "Also write the result as JSON here.")
 
 
@@ -527,6 +551,13 @@ def plan_from_flags(F) -> dict:
   epochs = int(config.get("batch", {}).get("num_epochs", 1))
   K = rec.get("K") or config.get("batch", {}).get("rollouts_per_prompt")
   rec = dict(rec, K=K)
+  overheads = {"documented": "documented", "none": None}.get(F.floors)
+  if F.floors == "calibrate":
+    from cbs_jax import floors  # pylint: disable=import-outside-toplevel
+
+    if systems.accelerator_key(F.accelerator) != "cpu":
+      raise ValueError(f"--floors=calibrate measures this machine: use --accelerator=cpu")
+    overheads, _ = floors.calibrate(config)
   return recommend(
       rec,
       F.accelerator,
@@ -541,6 +572,7 @@ def plan_from_flags(F) -> dict:
       mfu=F.mfu,
       epochs=epochs,
       extra_forwards=extra,
+      overheads=overheads,
   )
 
 

@@ -63,9 +63,12 @@ Round (``round_time``), N rollouts of prompt length Tp, completion length Tc:
            time = FLOPs / (chips * peak * mfu) (``mfu`` default 1.0: the
            roofline bound; measured trainers reach ~0.3-0.6).
   round time = prefill + decode + train [s]; rollouts/s = N / round time.
-Not modelled: host work (verification, tokenisation), gradient all-reduce
-and other communication, sampling's softmax/top-k, activation memory of the
-update (a trainer microbatches it; the FLOPs are unchanged).
+Overheads (``Overheads``, measured by ``cbs_jax.floors``): a fixed floor per
+generation step and per update, per-round host round trips and host work
+per rollout (verification, tokenisation), and the fraction of the roofline
+the kernels achieve; none by default (the bare roofline, a lower bound).
+Not modelled: gradient all-reduce and other communication, activation
+memory of the update (a trainer microbatches it; the FLOPs are unchanged).
 
 Chips: ``chips`` scales peak FLOP/s and HBM bandwidth linearly (the chips
 are summed). ``parallel="data"`` (default): every chip holds a full weight
@@ -450,6 +453,93 @@ def max_decode_batch(
 
 
 @dataclasses.dataclass(frozen=True)
+class Overheads:
+  """What the roofline leaves out: fixed seconds per step and achieved
+  fractions of the roofline (docs/planner.md, "Latency floors").
+
+  A step's time is ``floor + roofline / efficiency``: the fixed cost of
+  issuing it (kernel launches, dispatch, loop control), which does not
+  shrink with the batch, plus the roofline time at the fraction of it the
+  kernels achieve.
+
+  Attributes:
+    decode_step_s: floor of one generation step (the prefill and each decode
+      step).
+    update_step_s: floor of one optimizer update.
+    round_trip_s: fixed seconds per round outside the steps: host-device
+      round trips (dispatches, synchronisations, transfers).
+    host_per_rollout_s: host work per rollout (tokenising the prompt,
+      decoding and verifying the completion).
+    decode_efficiency: achieved fraction of the generation roofline (above
+      1 only when the roofline's peak is itself a measured, beatable number).
+    train_efficiency: achieved fraction of the update's compute roofline
+      (multiplies ``round_time``'s ``mfu``).
+    source: how the numbers were obtained.
+  """
+
+  decode_step_s: float = 0.0
+  update_step_s: float = 0.0
+  round_trip_s: float = 0.0
+  host_per_rollout_s: float = 0.0
+  decode_efficiency: float = 1.0
+  train_efficiency: float = 1.0
+  source: str = ""
+
+  def __post_init__(self):
+    for f in ("decode_step_s", "update_step_s", "round_trip_s", "host_per_rollout_s"):
+      v = getattr(self, f)
+      if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
+        raise ValueError(f"Overheads.{f} must be a finite number >= 0, got {v!r}")
+    for f in ("decode_efficiency", "train_efficiency"):
+      v = getattr(self, f)
+      if not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
+        raise ValueError(f"Overheads.{f} must be a finite number > 0, got {v!r}")
+
+  def as_dict(self) -> dict:
+    return dataclasses.asdict(self)
+
+
+NO_OVERHEADS = Overheads(source="the roofline alone")
+
+
+# Per-kernel launch latency, seconds: the host work of one cudaLaunchKernel,
+# ~5 us on A100/H100-class GPUs (NVIDIA Technical Blog, "Getting Started with
+# CUDA Graphs"; the figure most inference write-ups measure, 4-6 us). A
+# decode step of a jitted XLA program launches about KERNELS_PER_LAYER fused
+# kernels per layer plus a few for embedding, final norm, head and sampling
+# (our estimate from XLA's fusion of attention, SwiGLU and the norms); the
+# backward pass about twice the forward's. TPUs run the whole jitted program
+# on the device (no per-kernel host launch) and no public per-step figure is
+# known: they get no documented floors (``documented_overheads`` -> None);
+# ``experiments/device_check.py`` measures them where a chip is lent.
+KERNEL_LAUNCH_S = {"h100_sxm": 5e-6, "h200": 5e-6}
+KERNELS_PER_LAYER = 10
+KERNELS_FIXED = 6
+# one host-device synchronisation over PCIe (a read-back of a few bytes)
+GPU_ROUND_TRIP_S = 2e-5
+
+
+def documented_overheads(model: Any, accelerator: Any) -> Overheads | None:
+  """Floors from the public figures above for a named GPU (None for chips
+  without one): decode step = launches of one forward step; update = three
+  forwards' launches (forward + backward) per update; one round trip per
+  round; efficiencies 1 (the roofline's kernels)."""
+  acc = get_accelerator(accelerator)
+  launch = KERNEL_LAUNCH_S.get(acc.name)
+  if launch is None:
+    return None
+  dims = ModelDims.from_config(model)
+  forward = (KERNELS_PER_LAYER * dims.num_layers + KERNELS_FIXED) * launch
+  return Overheads(
+      decode_step_s=forward,
+      update_step_s=3 * forward,
+      round_trip_s=GPU_ROUND_TRIP_S,
+      source=f"documented: {launch * 1e6:.0f} us per kernel launch, "
+      f"{KERNELS_PER_LAYER} kernels per layer (systems.KERNEL_LAUNCH_S)",
+  )
+
+
+@dataclasses.dataclass(frozen=True)
 class RoundCost:
   """Predicted time of one RL round of ``n`` rollouts (seconds)."""
 
@@ -463,6 +553,7 @@ class RoundCost:
   train_flops: float
   gen_flops: float
   gen_bytes: float = 0.0  # bytes moved by prefill + decode (all waves)
+  host_s: float = 0.0  # per-round host work and round trips (``Overheads``)
 
   @property
   def gen_s(self) -> float:
@@ -470,7 +561,7 @@ class RoundCost:
 
   @property
   def total_s(self) -> float:
-    return self.prefill_s + self.decode_s + self.train_s
+    return self.prefill_s + self.decode_s + self.train_s + self.host_s
 
   @property
   def rollouts_per_s(self) -> float:
@@ -511,8 +602,15 @@ def round_time(
     weight_bytes: float | None = None,
     kv_bytes: float | None = None,
     full_cache: bool = False,
+    overheads: Overheads | None = None,
+    updates: int | None = None,
 ) -> RoundCost:
-  """Roofline time of one round of ``n`` rollouts (module docstring)."""
+  """Time of one round of ``n`` rollouts: the roofline (module docstring),
+  plus ``overheads``' floors and efficiencies when given. ``updates``:
+  optimizer updates per round (default ``epochs``; each pays
+  ``overheads.update_step_s``)."""
+  ov = overheads or NO_OVERHEADS
+  updates = epochs if updates is None else updates
   dims = ModelDims.from_config(model)
   acc, chips, R, wb, kb = _resolve(accelerator, chips, parallel, weight_bytes, kv_bytes)
   for name, v, lo in (
@@ -521,6 +619,7 @@ def round_time(
       ("completion_len", completion_len, 1),
       ("epochs", epochs, 1),
       ("extra_forwards", extra_forwards, 0),
+      ("updates", updates, 1),
   ):
     if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < lo:
       raise ValueError(f"round_time: {name} must be an integer >= {lo}, got {v!r}")
@@ -543,27 +642,28 @@ def round_time(
       2.0 * dims.active_params * Tp + 2.0 * dims.num_layers * dims.d_attn * Tp * (Tp + 1)
   )
   pf_bytes = wbytes + b * Tp * kv_tok
-  prefill = max(pf_flops / peak, pf_bytes / bw)
+  prefill = ov.decode_step_s + max(pf_flops / peak, pf_bytes / bw) / ov.decode_efficiency
 
   steps = Tc - 1  # token 0 comes from the prefill's logits
   ctx = np.full(steps, float(Tp + Tc)) if full_cache else Tp + 1.0 + np.arange(steps)
   st_flops = b * (2.0 * dims.active_params + 4.0 * dims.num_layers * dims.d_attn * ctx)
   st_bytes = wbytes + b * ctx * kv_tok
   comp, memt = st_flops / peak, st_bytes / bw
-  decode = float(np.maximum(comp, memt).sum())
+  decode = float((ov.decode_step_s + np.maximum(comp, memt) / ov.decode_efficiency).sum())
 
   tf = train_flops(dims, n, Tp, Tc, epochs, extra_forwards)
   return RoundCost(
       n=int(n),
       prefill_s=waves * prefill,
       decode_s=waves * decode,
-      train_s=tf / (peak * mfu),
+      train_s=updates * ov.update_step_s + tf / (peak * mfu * ov.train_efficiency),
       waves=waves,
       decode_compute_steps=int((comp >= memt).sum()),
       decode_steps=steps,
       train_flops=tf,
       gen_flops=waves * (pf_flops + float(st_flops.sum())),
       gen_bytes=waves * (pf_bytes + float(st_bytes.sum())),
+      host_s=ov.round_trip_s + n * ov.host_per_rollout_s,
   )
 
 

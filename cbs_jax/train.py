@@ -540,15 +540,20 @@ def make_controller(
 
 def round_time_model(config, setup: run_setup.Setup, accelerator: str):
   """N -> modelled seconds per round of this run's model, task layout and
-  updates per round on one ``accelerator`` (``systems.round_time``)."""
+  updates per round on one ``accelerator`` (``systems.round_time``, with the
+  chip's documented latency floors where it has them)."""
   dims = systems.ModelDims.from_config(setup.model)
   acc = systems.get_accelerator(accelerator)
   Tp, Tc = setup.layout.prompt_len, setup.layout.completion_len
   epochs = config.batch.num_epochs
+  updates = epochs * config.batch.num_minibatches
+  ov = systems.documented_overheads(dims, acc)
 
   @functools.cache
   def seconds(n: int) -> float:
-    return systems.round_time(dims, acc, int(n), Tp, Tc, epochs=epochs).total_s
+    return systems.round_time(
+        dims, acc, int(n), Tp, Tc, epochs=epochs, overheads=ov, updates=updates
+    ).total_s
 
   return seconds
 

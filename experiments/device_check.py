@@ -3,7 +3,7 @@
     python experiments/device_check.py --out=$OUT          # <= 8 min on one GPU / TPU chip
     python experiments/device_check.py --quick --out=/tmp/dc   # CPU smoke run (test suite)
 
-Why one script: an accelerator is lent rarely and briefly (docs/device.md), so
+Why one script: an accelerator is lent rarely and briefly (docs/planner.md, "Latency floors"; the device is lent to some sessions only), so
 the checks are prepared here, ordered by what they decide, and each runs in
 its own subprocess under a share of one time budget: a step that fails or
 runs out of time is recorded as such and the next one starts, so one broken

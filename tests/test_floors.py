@@ -1,0 +1,153 @@
+"""The planner's latency floors (``systems.Overheads``) and their calibration
+(``cbs_jax.floors``): the round model adds exactly the floors it is given
+(checked against the bare roofline's parts, summed by hand), a synthetic
+calibration recovers the floors and efficiencies that generated it, and the
+probes run on this machine."""
+
+import numpy as np
+import pytest
+
+from cbs_jax import floors
+from cbs_jax import model
+from cbs_jax import systems
+from configs import default as default_cfg
+from tests import experiment_scripts
+
+DIMS = systems.ModelDims.from_config(model.preset_config("1m"))
+CPU = systems.Accelerator("test", 2e11, 2e10, 1e11, dtype="float32")
+
+
+def test_round_time_adds_each_floor_to_the_bare_roofline():
+  ov = systems.Overheads(
+      decode_step_s=3e-5,
+      update_step_s=2e-3,
+      round_trip_s=1e-4,
+      host_per_rollout_s=4e-6,
+      decode_efficiency=0.25,
+      train_efficiency=0.4,
+  )
+  n, tp, tc, updates = 512, 9, 5, 3
+  bare = systems.round_time(DIMS, CPU, n, tp, tc, epochs=2)
+  got = systems.round_time(DIMS, CPU, n, tp, tc, epochs=2, overheads=ov, updates=updates)
+  # a generation call is 1 prefill + (tc - 1) decode steps = tc steps
+  assert got.gen_s == pytest.approx(tc * 3e-5 + bare.gen_s / 0.25, rel=1e-12)
+  assert got.train_s == pytest.approx(updates * 2e-3 + bare.train_s / 0.4, rel=1e-12)
+  assert got.host_s == pytest.approx(1e-4 + n * 4e-6, rel=1e-12)
+  assert got.total_s == pytest.approx(got.gen_s + got.train_s + got.host_s, rel=1e-12)
+  # no overheads: the roofline unchanged, and no host term
+  assert systems.round_time(DIMS, CPU, n, tp, tc, overheads=systems.NO_OVERHEADS).total_s == (
+      systems.round_time(DIMS, CPU, n, tp, tc).total_s
+  )
+  assert bare.host_s == 0.0
+
+
+@pytest.mark.parametrize(
+    "field,value",
+    [
+        ("decode_step_s", -1e-6),
+        ("round_trip_s", float("nan")),
+        ("train_efficiency", 0.0),
+        ("decode_efficiency", float("inf")),
+    ],
+)
+def test_bad_overheads_name_the_field(field, value):
+  with pytest.raises(ValueError, match=f"Overheads.{field}"):
+    systems.Overheads(**{field: value})
+  with pytest.raises(ValueError, match="updates"):
+    systems.round_time(DIMS, CPU, 64, 9, 5, updates=0)
+
+
+@pytest.mark.parametrize("floor,eff", [(2.5e-5, 0.3), (0.0, 0.8), (1e-3, 0.05)])
+def test_a_synthetic_calibration_recovers_the_floors_it_was_given(floor, eff):
+  """Times made by the model from known floors at the calibration's batch
+  sizes, with and without 3% multiplicative noise, are fitted back."""
+  tc = 5
+  batches = (16, 256, 4096)
+  roofs = [systems.round_time(DIMS, CPU, b, 9, tc).gen_s for b in batches]
+  exact = [floors.Point(tc, r, tc * floor + r / eff) for r in roofs]
+  f, e = floors.fit_floor(exact)
+  assert f == pytest.approx(floor, rel=1e-9, abs=1e-15) and e == pytest.approx(eff, rel=1e-9)
+  rng = np.random.default_rng(0)
+  fs, es = [], []
+  for _ in range(200):
+    noisy = [floors.Point(p.count, p.roofline_s, p.seconds * rng.normal(1, 0.03)) for p in exact]
+    fi, ei = floors.fit_floor(noisy)
+    fs.append(fi)
+    es.append(ei)
+  assert np.median(es) == pytest.approx(eff, rel=0.03)
+  # the floor is resolved when it is a visible share of the smallest batch's time
+  if floor and tc * floor > 0.2 * exact[0].seconds:
+    assert np.median(fs) == pytest.approx(floor, rel=0.15)
+  # the predicted round from the recovered numbers is within the noise
+  ov = systems.Overheads(decode_step_s=np.median(fs), decode_efficiency=np.median(es))
+  for b, p in zip(batches, exact):
+    assert systems.round_time(DIMS, CPU, b, 9, tc, overheads=ov).gen_s == pytest.approx(
+        p.seconds, rel=0.05
+    )
+
+
+def test_fit_floor_rejects_what_it_cannot_fit():
+  with pytest.raises(ValueError, match=">= 2 points"):
+    floors.fit_floor([floors.Point(1, 1.0, 2.0)])
+  with pytest.raises(ValueError, match="all equal"):
+    floors.fit_floor([floors.Point(1, 1.0, 2.0), floors.Point(2, 2.0, 3.0)])
+  with pytest.raises(ValueError, match="> 0"):
+    floors.fit_floor([floors.Point(1, 1.0, 0.0), floors.Point(1, 2.0, 3.0)])
+
+
+@pytest.mark.slow
+def test_calibrate_measures_this_machine():
+  c = default_cfg.get_config("smoke")
+  ov, raw = floors.calibrate(c, decode_batches=(4, 64), update_batches=(8, 32), reps=2)
+  assert ov.decode_efficiency > 0 and ov.train_efficiency > 0
+  assert ov.round_trip_s > 0 and ov.host_per_rollout_s > 0
+  assert [p["batch"] for p in raw["decode"]] == [4, 64]
+  # the measured times grow with the batch, and the fit reproduces them to a factor of 2
+  for kind, floor, eff in (
+      ("decode", ov.decode_step_s, ov.decode_efficiency),
+      ("update", ov.update_step_s, ov.train_efficiency),
+  ):
+    pts = raw[kind]
+    assert pts[1]["seconds"] > pts[0]["seconds"] * 0.5
+    for p in pts:
+      model_s = p["count"] * floor + p["roofline_s"] / eff
+      assert 0.5 < model_s / p["seconds"] < 2.0
+  with pytest.raises(ValueError, match="multiples of K"):
+    floors.calibrate(c, update_batches=(6, 32))
+
+
+@pytest.mark.slow
+def test_bench_planner_quick_prints_its_result(capsys):
+  experiment_scripts.load("bench_planner").main(["--quick"])
+  last = capsys.readouterr().out.strip().splitlines()[-1]
+  assert last.startswith("RESULT planner_worst_ratio=") and "within_25pct=" in last
+
+
+def test_documented_floors_for_named_gpus_and_none_for_tpus():
+  qwen = model.preset_config("qwen2.5-0.5b")
+  ov = systems.documented_overheads(qwen, "h100_sxm")
+  launches = systems.KERNELS_PER_LAYER * 24 + systems.KERNELS_FIXED
+  assert ov.decode_step_s == pytest.approx(launches * 5e-6)
+  assert ov.update_step_s == pytest.approx(3 * launches * 5e-6)
+  assert systems.documented_overheads(qwen, "tpu_v5e") is None
+
+
+def test_the_planner_no_longer_predicts_microsecond_rounds_for_a_tiny_model():
+  """A 0.1M model on 8 H100s: the bare roofline gives rounds of
+  microseconds; with the documented floors every round costs at least its
+  Tc generation steps' and one update's launches."""
+  from cbs_jax import plan  # pylint: disable=import-outside-toplevel
+
+  tiny = model.default_config()
+  args = (dict(b_crit=300.0), "h100_sxm", 8, tiny, 9, 5)
+  bare = plan.recommend(*args, overheads=None)
+  floored = plan.recommend(*args)  # documented by default
+  ov = systems.documented_overheads(tiny, "h100_sxm")
+  assert min(r["round_s"] for r in bare["rows"]) < 1e-5
+  for r in floored["rows"]:
+    assert r["round_s"] >= 5 * ov.decode_step_s + ov.update_step_s
+  assert floored["overheads"]["source"].startswith("documented")
+  # with floors the throughput keeps rising with N for longer: the optimum is not smaller
+  assert floored["best"]["n"] >= bare["best"]["n"]
+  with pytest.raises(ValueError, match="overheads='guess'"):
+    plan.recommend(*args, overheads="guess")
