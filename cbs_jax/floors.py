@@ -32,6 +32,7 @@ Units: seconds; rooflines in seconds of the given accelerator.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import statistics
 import time
 from typing import Sequence
@@ -96,83 +97,120 @@ def measured_roofline(dtype: str = "float32", reps: int = 5) -> systems.Accelera
   )
 
 
-def _median_time(fn, reps: int) -> float:
-  jax.block_until_ready(fn())  # compile, warm up
-  ts = []
-  for _ in range(reps):
-    t = time.perf_counter()
-    jax.block_until_ready(fn())
-    ts.append(time.perf_counter() - t)
-  return statistics.median(ts)
+def _timed(fn) -> float:
+  t = time.perf_counter()
+  jax.block_until_ready(fn())
+  return time.perf_counter() - t
 
 
-def round_trip_seconds(reps: int = 50) -> float:
-  """Median seconds of a trivial jitted call read back to the host."""
-  f = jax.jit(lambda x: x + 1)
-  x = jnp.zeros((8,), jnp.float32)
-  return _median_time(lambda: jax.device_get(f(x)), reps)
+class Probes:
+  """The calibration probes of ``config``'s model (random init), compiled
+  and warmed up at construction. ``once()`` times every probe once (a dict
+  of seconds by probe name), so that a benchmark can interleave them with
+  the work it predicts and let slow drift of the machine hit both alike;
+  ``fit(samples)`` turns the medians of ``once()``'s results into
+  ``Overheads``."""
 
+  def __init__(
+      self,
+      config,
+      decode_batches: Sequence[int] = (16, 256, 2048),
+      update_batches: Sequence[int] = (64, 2048),
+      acc: systems.Accelerator | None = None,
+      seed: int = 0,
+      host_rollouts: int = 4096,
+  ):
+    K = config.batch.rollouts_per_prompt
+    bad = [n for n in update_batches if n % K]
+    if bad:
+      raise ValueError(f"update_batches {bad} are not multiples of K = {K}")
+    if len(decode_batches) < 2 or len(update_batches) < 2:
+      raise ValueError("give >= 2 decode_batches and >= 2 update_batches (a floor and a slope)")
+    self.setup = setup = run_setup.prepare(config)
+    graphdef, params = model_lib.build(setup.model, seed=seed)
+    self.acc = acc or measured_roofline(config.model.dtype)
+    Tp, Tc = setup.layout.prompt_len, setup.layout.completion_len
+    dims = systems.ModelDims.from_config(setup.model)
+    self.fns, self.points = {}, {}  # name -> callable; name -> (count, roofline seconds)
 
-def decode_points(graphdef, params, setup, batches, reps, acc) -> list[Point]:
-  """The sampler (no EOS: all Tc steps) at each batch size in ``batches``."""
-  Tp, Tc = setup.layout.prompt_len, setup.layout.completion_len
-  dims = systems.ModelDims.from_config(setup.model)
-  sampler = sampling.make_sampler(
-      graphdef, max_new_tokens=Tc, eos_id=None, pad_id=setup.tok.pad_id, spec=setup.sampling
-  )
-  rng = np.random.default_rng(0)
-  out = []
-  for b in batches:
-    prompt = jnp.asarray(rng.integers(1, setup.model.vocab_size, (b, Tp)), jnp.int32)
-    mask = jnp.ones((b, Tp), bool)
-    key = jax.random.key(b)
-    secs = _median_time(lambda: sampler(params, prompt, mask, key), reps)
-    roof = systems.round_time(dims, acc, b, Tp, Tc).gen_s
-    out.append(Point(Tc, roof, secs))
-  return out
+    f = jax.jit(lambda x: x + 1)
+    x = jnp.zeros((8,), jnp.float32)
+    self.fns["round_trip"] = lambda: jax.device_get(f(x))
 
+    rng = np.random.default_rng(seed)
+    problems = setup.task.sample(rng, host_rollouts)
+    toks = rng.integers(0, setup.model.vocab_size, (host_rollouts, Tc))
 
-def update_points(config, graphdef, params, setup, batches, reps, acc) -> list[Point]:
-  """One optimizer update (``train.RoundUpdater``, no noise instrument) of a
-  real rollout batch at each batch size, metrics read back."""
-  K = config.batch.rollouts_per_prompt
-  Tp, Tc = setup.layout.prompt_len, setup.layout.completion_len
-  dims = systems.ModelDims.from_config(setup.model)
-  tx = train.make_optimizer(config.optim)
-  out = []
-  for n in batches:
-    P = n // K
-    batch, _, _ = train.round_batch(config, graphdef, params, params, setup, 0, P)
-    batch["on_policy"] = jnp.ones((n,), bool)
-    updater = train.RoundUpdater(config, graphdef, tx, P, setup.sampling, setup.rl)
-    idx = np.arange(n)[None]
-    lrs = np.full((1,), config.optim.lr, np.float32)
-    holder = {"state": dict(params=jax.tree.map(jnp.copy, params), opt_state=tx.init(params))}
+    def host():
+      rollouts.encode_prompts(setup.tok, problems, setup.layout)
+      rollouts.verify(setup.task, problems, rollouts.decode(setup.tok, toks))
 
-    def step(updater=updater, holder=holder, batch=batch, idx=idx, lrs=lrs):
-      holder["state"], m, _ = updater(holder["state"], batch, idx, lrs, True)
-      return jax.device_get(m)
+    self.fns["host"], self.host_rollouts = host, host_rollouts
 
-    secs = _median_time(step, reps)
-    roof = systems.train_flops(dims, n, Tp, Tc) / acc.peak_flops
-    out.append(Point(1, roof, secs))
-  return out
+    sampler = sampling.make_sampler(
+        graphdef, max_new_tokens=Tc, eos_id=None, pad_id=setup.tok.pad_id, spec=setup.sampling
+    )
+    for b in decode_batches:
+      prompt = jnp.asarray(rng.integers(1, setup.model.vocab_size, (b, Tp)), jnp.int32)
+      mask, key = jnp.ones((b, Tp), bool), jax.random.key(b)
+      self.fns[f"decode@{b}"] = functools.partial(sampler, params, prompt, mask, key)
+      self.points[f"decode@{b}"] = (Tc, systems.round_time(dims, self.acc, b, Tp, Tc).gen_s)
 
+    tx = train.make_optimizer(config.optim)
+    for n in update_batches:
+      P = n // K
+      batch, _, _ = train.round_batch(config, graphdef, params, params, setup, 0, P)
+      batch["on_policy"] = jnp.ones((n,), bool)
+      updater = train.RoundUpdater(config, graphdef, tx, P, setup.sampling, setup.rl)
+      idx, lrs = np.arange(n)[None], np.full((1,), config.optim.lr, np.float32)
+      holder = {"state": dict(params=jax.tree.map(jnp.copy, params), opt_state=tx.init(params))}
 
-def host_per_rollout_seconds(setup, n: int = 4096, reps: int = 3) -> float:
-  """Seconds of host work per rollout: encode n prompts, decode n random
-  completions, verify them (what ``rollouts.rollout`` does on the host)."""
-  rng = np.random.default_rng(0)
-  problems = setup.task.sample(rng, n)
-  toks = rng.integers(0, setup.model.vocab_size, (n, setup.layout.completion_len))
-  ts = []
-  for _ in range(reps):
-    t = time.perf_counter()
-    rollouts.encode_prompts(setup.tok, problems, setup.layout)
-    texts = rollouts.decode(setup.tok, toks)
-    rollouts.verify(setup.task, problems, texts)
-    ts.append(time.perf_counter() - t)
-  return statistics.median(ts) / n
+      def step(updater=updater, holder=holder, batch=batch, idx=idx, lrs=lrs):
+        holder["state"], m, _ = updater(holder["state"], batch, idx, lrs, True)
+        return jax.device_get(m)
+
+      self.fns[f"update@{n}"] = step
+      roof = systems.train_flops(dims, n, Tp, Tc) / self.acc.peak_flops
+      self.points[f"update@{n}"] = (1, roof)
+    for fn in self.fns.values():  # compile, warm up
+      _timed(fn)
+
+  def once(self) -> dict[str, float]:
+    return {name: _timed(fn) for name, fn in self.fns.items()}
+
+  def fit(self, samples: Sequence[dict]) -> tuple[systems.Overheads, dict]:
+    """``Overheads`` from the medians of ``once()`` results, and the raw
+    calibration (accelerator, points by batch)."""
+    med = {k: statistics.median(s[k] for s in samples) for k in samples[0]}
+    pts = {k: Point(*self.points[k], med[k]) for k in self.points}
+    dec = [p for k, p in pts.items() if k.startswith("decode@")]
+    upd = [p for k, p in pts.items() if k.startswith("update@")]
+    d_floor, d_eff = fit_floor(dec)
+    u_floor, u_eff = fit_floor(upd)
+    ov = systems.Overheads(
+        decode_step_s=d_floor,
+        update_step_s=u_floor,
+        round_trip_s=med["round_trip"],
+        host_per_rollout_s=med["host"] / self.host_rollouts,
+        decode_efficiency=d_eff,
+        train_efficiency=u_eff,
+        source=f"floors.calibrate on {jax.devices()[0].device_kind}",
+    )
+    raw = dict(
+        accelerator=dataclasses.asdict(self.acc),
+        decode=[
+            dataclasses.asdict(p) | {"batch": int(k[7:])}
+            for k, p in pts.items()
+            if k.startswith("decode@")
+        ],
+        update=[
+            dataclasses.asdict(p) | {"batch": int(k[7:])}
+            for k, p in pts.items()
+            if k.startswith("update@")
+        ],
+        samples=len(samples),
+    )
+    return ov, raw
 
 
 def calibrate(
@@ -184,33 +222,8 @@ def calibrate(
     acc: systems.Accelerator | None = None,
     seed: int = 0,
 ) -> tuple[systems.Overheads, dict]:
-  """Measure ``config``'s model (random init) on this device: returns the
-  ``Overheads`` and the raw probe results (points, accelerator)."""
-  K = config.batch.rollouts_per_prompt
-  bad = [n for n in update_batches if n % K]
-  if bad:
-    raise ValueError(f"update_batches {bad} are not multiples of K = {K}")
-  setup = run_setup.prepare(config)
-  graphdef, params = model_lib.build(setup.model, seed=seed)
-  acc = acc or measured_roofline(config.model.dtype)
-  rt = round_trip_seconds()
-  host = host_per_rollout_seconds(setup)
-  dec = decode_points(graphdef, params, setup, decode_batches, reps, acc)
-  upd = update_points(config, graphdef, params, setup, update_batches, reps, acc)
-  d_floor, d_eff = fit_floor(dec)
-  u_floor, u_eff = fit_floor(upd)
-  ov = systems.Overheads(
-      decode_step_s=d_floor,
-      update_step_s=u_floor,
-      round_trip_s=rt,
-      host_per_rollout_s=host,
-      decode_efficiency=d_eff,
-      train_efficiency=u_eff,
-      source=f"floors.calibrate on {jax.devices()[0].device_kind}",
-  )
-  raw = dict(
-      accelerator=dataclasses.asdict(acc),
-      decode=[dataclasses.asdict(p) | {"batch": b} for p, b in zip(dec, decode_batches)],
-      update=[dataclasses.asdict(p) | {"batch": b} for p, b in zip(upd, update_batches)],
-  )
-  return ov, raw
+  """Measure ``config``'s model (random init) on this device: ``reps``
+  timings of every probe (``Probes``), fitted from their medians. Returns
+  the ``Overheads`` and the raw probe results (points, accelerator)."""
+  probes_ = Probes(config, decode_batches, update_batches, acc, seed)
+  return probes_.fit([probes_.once() for _ in range(reps)])

@@ -16,6 +16,9 @@ in one run:
 * measured: ``train.round_batch`` (prompts, generation with EOS, host
   verification, advantages) + one ``train.RoundUpdater`` update, metrics read
   back; compile excluded (one warm-up round per N), median of ``--repeats``;
+  the calibration probes (``floors.Probes``) are timed once per repeat
+  between the rounds, so that slow drift of a shared machine hits the
+  prediction and the measurement alike;
 * predicted: N / ``systems.round_time(..., overheads=...)`` with the
   calibrated overheads, and with none (the bare roofline, a lower bound) to
   show what the floors change.
@@ -80,7 +83,9 @@ def round_fn(config, graphdef, params, setup, n):
 def main(argv=None):
   ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   ap.add_argument("--ns", default="64,128,256,512,1024,2048,4096,8192,16384")
-  ap.add_argument("--repeats", type=int, default=3, help="timed rounds per N (median)")
+  ap.add_argument(
+      "--repeats", type=int, default=7, help="timed rounds per N and probe timings (medians)"
+  )
   ap.add_argument("--decode_batches", default="16,256,4096")
   ap.add_argument("--update_batches", default="64,4096")
   ap.add_argument("--out", default="", help="write the table as JSON here")
@@ -105,33 +110,43 @@ def main(argv=None):
   if bad:
     ap.error(f"--ns: {bad} are not positive multiples of K = {K}")
   t = time.perf_counter()
-  ov, raw = floors.calibrate(config, decode_batches=dec_b, update_batches=upd_b)
-  acc = systems.Accelerator(**raw["accelerator"])
+  probes = floors.Probes(config, dec_b, upd_b)
+  setup = probes.setup
+  graphdef, params = model_lib.build(setup.model, seed=0)
+  dims = systems.ModelDims.from_config(setup.model)
+  Tp, Tc = setup.layout.prompt_len, setup.layout.completion_len
+  runs = {}
+  for n in ns:
+    runs[n] = round_fn(config, graphdef, params, setup, n)
+    runs[n]()  # compiles
   print(
-      f"jax {jax.__version__} on {jax.devices()[0].device_kind}; calibration "
-      f"{time.perf_counter() - t:.0f} s: {systems.describe(acc)}",
+      f"jax {jax.__version__} on {jax.devices()[0].device_kind}; compiled in "
+      f"{time.perf_counter() - t:.0f} s",
       flush=True,
   )
+  # calibration probes and rounds alternate, so that the machine's drift hits both alike
+  samples, parts = [], {n: [] for n in ns}
+  for r in range(args.repeats):
+    samples.append(probes.once())
+    for n in ns:
+      parts[n].append(runs[n]())
+    print(f"  repeat {r + 1}/{args.repeats}", flush=True)
+  ov, raw = probes.fit(samples)
+  acc = probes.acc
+  print(f"roofline: {systems.describe(acc)}")
   print(
-      f"  decode step floor {ov.decode_step_s * 1e6:.1f} us, efficiency "
+      f"overheads: decode step floor {ov.decode_step_s * 1e6:.1f} us, efficiency "
       f"{ov.decode_efficiency:.3f}; update floor {ov.update_step_s * 1e3:.2f} ms, efficiency "
       f"{ov.train_efficiency:.3f}; round trip {ov.round_trip_s * 1e6:.1f} us; host "
       f"{ov.host_per_rollout_s * 1e6:.2f} us per rollout",
       flush=True,
   )
-  setup = run_setup.prepare(config)
-  graphdef, params = model_lib.build(setup.model, seed=0)
-  dims = systems.ModelDims.from_config(setup.model)
-  Tp, Tc = setup.layout.prompt_len, setup.layout.completion_len
 
   rows = []
   for n in ns:
-    run = round_fn(config, graphdef, params, setup, n)
-    run()  # compiles
-    parts = [run() for _ in range(args.repeats)]
-    gen = statistics.median(p[0] for p in parts)
-    upd = statistics.median(p[1] for p in parts)
-    total = statistics.median(sum(p) for p in parts)
+    gen = statistics.median(p[0] for p in parts[n])
+    upd = statistics.median(p[1] for p in parts[n])
+    total = statistics.median(sum(p) for p in parts[n])
     pred = systems.round_time(dims, acc, n, Tp, Tc, overheads=ov, updates=1)
     bare = systems.round_time(dims, acc, n, Tp, Tc)
     rows.append(
@@ -143,16 +158,9 @@ def main(argv=None):
             predicted_s=pred.total_s,
             pred_gen_s=pred.gen_s + pred.host_s,
             pred_update_s=pred.train_s,
-            ratio=n / pred.total_s / (n / total),
-            roofline_ratio=bare.total_s and (n / bare.total_s) / (n / total),
+            ratio=total / pred.total_s,
+            roofline_ratio=total / bare.total_s,
         )
-    )
-    r = rows[-1]
-    print(
-        f"  N={n:>6}: measured {total * 1e3:9.1f} ms (gen+host {gen * 1e3:8.1f}, update "
-        f"{upd * 1e3:8.1f}); predicted {pred.total_s * 1e3:9.1f} ms "
-        f"({r['pred_gen_s'] * 1e3:8.1f}, {pred.train_s * 1e3:8.1f}); ratio {r['ratio']:.3f}",
-        flush=True,
     )
 
   print()
