@@ -206,3 +206,36 @@ def fit_trend(kappa, y, se=None, alpha: float = 0.05) -> dict:
   for name, f in zip(("const", "linear", "quadratic"), fits):
     out[name] = dict(coef=f.coef.tolist(), se=f.se.tolist(), r2=r2(f), reduced_chi2=f.reduced_chi2)
   return out
+
+
+def choose_models(fits: dict, alpha: float = 0.05) -> dict:
+  """The verdicts of several ``fit_trend`` results judged as one family:
+  every F-test made (each fit's linear-over-constant and
+  quadratic-over-linear test) is Holm-corrected across the whole family
+  (``stats.holm``), so the chance that any truly flat quantity is called
+  "linear" or "quadratic" stays <= ``alpha`` however many quantities are
+  fitted. ``fits``: name -> ``fit_trend`` dict (others, e.g. an error
+  record, pass through). Returns name -> the fit with ``verdict``
+  re-derived from the adjusted p-values, ``p_linear_adj``,
+  ``p_quadratic_adj``, ``tests_in_family`` and the uncorrected verdict
+  as ``verdict_uncorrected``."""
+  names = [k for k, f in fits.items() if "p_linear" in f]
+  ps = [fits[k][q] for k in names for q in ("p_linear", "p_quadratic")]
+  h = stats.holm(ps, alpha)
+  out = dict(fits)
+  for i, k in enumerate(names):
+    p_lin, p_quad = h["adjusted"][2 * i], h["adjusted"][2 * i + 1]
+    verdict = "flat"
+    if h["reject"][2 * i]:
+      verdict = "linear"
+    if h["reject"][2 * i + 1]:
+      verdict = "quadratic"
+    out[k] = dict(
+        fits[k],
+        verdict=verdict,
+        verdict_uncorrected=fits[k]["verdict"],
+        p_linear_adj=p_lin,
+        p_quadratic_adj=p_quad,
+        tests_in_family=h["m"],
+    )
+  return out

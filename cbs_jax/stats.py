@@ -206,3 +206,52 @@ def fmt(value, lo=None, hi=None, se=None, digits: int = 3) -> str:
   if se is not None:
     return f"{g(value)} ± {g(se)}"
   return g(value)
+
+
+def holm(p_values, alpha: float = 0.05) -> dict:
+  """Holm's step-down correction of the family ``p_values`` (NaN: a test
+  not made, never rejected and not counted): the family-wise error rate
+  (any true null rejected) stays <= ``alpha`` under any dependence between
+  the tests. Returns ``dict(adjusted, reject, m)``: the Holm-adjusted
+  p-values (min(1, max over the step-down of (m - i) p_(i))), in the
+  input's order, and which are rejected at ``alpha``."""
+  p = np.asarray(p_values, np.float64).ravel()
+  made = np.flatnonzero(np.isfinite(p))
+  m = made.size
+  adjusted = np.full(p.shape, np.nan)
+  if m:
+    order = made[np.argsort(p[made], kind="stable")]
+    steps = (m - np.arange(m)) * p[order]
+    adjusted[order] = np.minimum(np.maximum.accumulate(steps), 1.0)
+  reject = np.where(np.isfinite(adjusted), adjusted <= alpha, False)
+  return dict(adjusted=adjusted.tolist(), reject=reject.tolist(), m=int(m))
+
+
+def plateau(x, y, last: float = 0.2, level: float = 0.9) -> dict:
+  """Has the curve ``y(x)`` stopped moving? The least-squares slope of y on
+  x over the last ``last`` fraction of the points, with its ``level``
+  t-interval: "plateaued" when the interval contains 0, "rising" /
+  "falling" when it lies above / below 0, "too few points" with fewer than
+  4 points in the window (the interval needs 2 residual degrees of
+  freedom). Returns ``dict(verdict, slope, lo, hi, n, x_from)``."""
+  x = np.asarray(x, np.float64)
+  y = np.asarray(y, np.float64)
+  ok = np.isfinite(x) & np.isfinite(y)
+  x, y = x[ok], y[ok]
+  if not 0 < last <= 1:
+    raise ValueError(f"plateau: last={last!r} must be in (0, 1]")
+  if x.size:
+    order = np.argsort(x, kind="stable")
+    x, y = x[order], y[order]
+  n = int(math.ceil(last * x.size))
+  xs, ys = x[x.size - n :], y[y.size - n :]
+  out = dict(n=n, x_from=float(xs[0]) if n else math.nan)
+  if n < 4 or np.ptp(xs) == 0:
+    return dict(out, verdict="too few points", slope=math.nan, lo=math.nan, hi=math.nan)
+  X = np.stack([np.ones_like(xs), xs], axis=1)
+  fit = wls(X, ys)
+  slope, se = float(fit.coef[1]), float(fit.se[1])
+  t = float(sps.t.ppf(0.5 + level / 2, fit.dof))
+  lo, hi = slope - t * se, slope + t * se
+  verdict = "plateaued" if lo <= 0 <= hi else ("rising" if lo > 0 else "falling")
+  return dict(out, verdict=verdict, slope=slope, lo=lo, hi=hi)

@@ -66,9 +66,27 @@ def run_record(workdir):
       kappa_final=float(kap[:, -1].mean()),
       kappa_by_update=kap.mean(0).tolist(),
       clip_frac=float(clip[:, 1:].mean()),
+      clipped_any=bool(np.any(clip > 0)),
       final_pass=float(curve["value"][-1]),
+      plateau=stats.plateau(curve["rounds"], curve["value"])["verdict"],
       curve=curve,
   )
+
+
+def engagement(records: list[dict], same_as_base: bool = False) -> str:
+  """ "engaged" when any update of any seed clipped a token; "did not
+  engage" when none did, or when every seed's run is identical to the same
+  seed's run of the scheme it extends (``same_as_base``: a dual clip that
+  never reached its constant changes nothing); a scheme that did not engage
+  is not a result about that scheme."""
+  if same_as_base or not any(r["clipped_any"] for r in records):
+    return "did not engage"
+  return "engaged"
+
+
+def identical(a: dict, b: dict) -> bool:
+  keys = ("kappa_mean", "kappa_final", "final_pass")
+  return all(a[k] == b[k] for k in keys) and a["curve"]["value"] == b["curve"]["value"]
 
 
 def main(argv=None):
@@ -107,6 +125,12 @@ def main(argv=None):
         + f" {configs[f'{v}__seed=0'].rl.loss}",
         seeds=len(rs),
     )
+    base = "clip0.2" if configs[f"{v}__seed=0"].rl.clip_c and "clip0.2" in variants else None
+    same = base is not None and all(
+        identical(rec[f"{v}__seed={s}"], rec[f"{base}__seed={s}"]) for s in seeds
+    )
+    d["engaged"] = engagement(rs, same)
+    d["plateaued"] = f"{sum(r['plateau'] == 'plateaued' for r in rs)}/{len(rs)}"
     for k in ("kappa_mean", "kappa_final", "clip_frac", "final_pass"):
       iv = study.seed_interval([r[k] for r in rs])
       d[k] = stats.fmt(iv["mean"], iv["lo"], iv["hi"])
@@ -123,12 +147,27 @@ def main(argv=None):
           else "resolved"
       )
       paired.append(f"| {k} | {stats.fmt(iv['mean'], iv['lo'], iv['hi'])} | {verdict} |")
-  cols = ["variant", "clip", "seeds", "kappa_mean", "kappa_final", "clip_frac", "final_pass"]
+  cols = [
+      "variant",
+      "clip",
+      "seeds",
+      "engaged",
+      "kappa_mean",
+      "kappa_final",
+      "clip_frac",
+      "final_pass",
+      "plateaued",
+  ]
   notes = [
       "kappa_mean: exact KL(behaviour || current) per token on probe rollouts, mean over "
       "updates 1-7 and rounds; kappa_final: at the last update of a round; clip_frac: "
       "fraction of tokens clipped (low + high) in updates 1-7; final_pass: held-out exact "
-      "expected pass rate at the end. Mean [90% t-interval] over seeds.",
+      "expected pass rate at the end. Mean [90% t-interval] over seeds. engaged: whether "
+      "the scheme clipped any token in any update (a dual clip whose runs equal clip 0.2's "
+      "seed by seed did not engage either); a scheme that did not engage says nothing about "
+      "itself. plateaued: seeds whose last 20% of evaluations have a pass-rate slope whose "
+      "90% interval contains 0 (`stats.plateau`); a final pass rate read off runs that have "
+      "not plateaued is not a cap.",
       "",
       "## Paired by seed: clip 0.2 minus clip 10",
       "",

@@ -248,7 +248,26 @@ def _check_wallclock(res):
     assert len(list(csv.DictReader(f))) >= len(runs)
 
 
+def _check_clipping(res):
+  import re  # pylint: disable=import-outside-toplevel
+
+  lines = (res / "clipping_ablation.md").read_text().splitlines()
+  head = next(l for l in lines if l.startswith("| variant |"))
+  assert "| engaged |" in head and "| plateaued |" in head, head
+  rows = [l for l in lines if l.startswith("| clip")]
+  assert len(rows) == 2
+  for row in rows:  # an engagement verdict and plateaued seeds out of 3
+    assert re.search(r"\| (engaged|did not engage) \|", row) and re.search(r"\| [0-3]/3 \|", row)
+
+
+def _check_drift(res):
+  text = (res / "drift_noise.md").read_text()
+  assert "verdict (Holm)" in text and "family-wise" in text
+
+
 CHECKS = {
+    "clipping_ablation": _check_clipping,
+    "drift_noise": _check_drift,
     "adaptive_batch": _check_adaptive,
     "throughput_decision": _check_throughput,
     "adaptive_wallclock": _check_wallclock,
