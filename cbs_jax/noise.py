@@ -46,9 +46,10 @@ So at the batch's own K every estimator here is unbiased for
 ``tr Sigma_intra(K)``, ``tr Sigma_inter(K)`` and ``|G|^2``, and
 ``B_noise(K) = B_intra + K B_inter`` is the exact noise scale of a batch at
 that K. What does *not* follow: C_p, D_p and mu_p depend on K when the
-advantage baseline/scale is computed from the K rewards (D_p is typically
-negative: a shared baseline moves O(1/K) of the intra-prompt variance into a
-negative inter-prompt term), so extrapolating ``B_intra + K' B_inter`` to a
+advantage baseline/scale is computed from the K rewards (for a group-mean
+baseline D_p = a_p a_p^T / K^2 >= 0 and the baseline's own noise adds to
+Sigma_intra: ``group_baseline``, docs/noise.md "K under a group-mean
+baseline"), so extrapolating ``B_intra + K' B_inter`` to a
 different K' assumes Sigma_intra(K) and Sigma_inter(K) do not change with K.
 Any figure that extrapolates across K depends on that assumption.
 
