@@ -48,6 +48,8 @@ setuptools.setup(
         # a 2.13 release: where the 2.13.0 CPU wheel is on find-links (this machine
         # kind) pip takes it (~1.2 GB installed, ~1-2 min); a newer torch pulls
         # its CUDA libraries (~5.6 GB) even on CPU. transformers >= 4.51 has Qwen3.
+        # the peer benchmark (experiments/bench_peers.py): Tunix's sampler, pinned
+        "peers": ["google-tunix==0.1.7"],
         "parity": [
             "torch>=2.4,<2.14",
             "transformers>=4.51",

@@ -370,3 +370,16 @@ def test_tracker_resolution_counts_resolved_rounds(tmp_path):
   got = exp.summary(metrics_lib.read_jsonl(str(tmp_path / "metrics.jsonl"))[1:], "noise_ema")
   assert got == dict(rounds=5, resolved=3, first=3, fed=5, g2_negative=2, b_noise_last100=400.0)
   assert exp.summary(rows[1:], "noise_ema_adam")["fed"] == 0
+
+
+def test_bench_peers_quick_compares_with_tunix_or_says_it_skipped(capsys):
+  """Where google-tunix is installed (the ``peers`` extra) the quick run
+  times both samplers; elsewhere it says why it skipped, and exits 0."""
+  code = experiment_scripts.load("bench_peers").main(["--quick"])
+  out = capsys.readouterr().out
+  last = out.strip().splitlines()[-1]
+  assert code == 0
+  if importlib.util.find_spec("tunix") is None:
+    assert "SKIPPED: google-tunix is not installed" in out and last == "RESULT skipped=1"
+  else:
+    assert last.startswith("RESULT sampler_vs_tunix_b16=") and "decode_vs_roofline_b16=" in last
