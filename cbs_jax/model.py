@@ -81,13 +81,8 @@ def default_config() -> ml_collections.ConfigDict:
 # "qwen2.5-0.5b" has the dimensions of Qwen2.5-0.5B's config.json (hidden 896,
 # 24 layers, 14 query / 2 key-value heads of 64, intermediate 4864, vocab
 # 151,936, tied embeddings, q/k/v biases, rope theta 1e6).
-SHAPE_FIELDS = (
-    "vocab_size",
-    "d_model",
-    "num_layers",
-    "num_heads",
-    "num_kv_heads",
-    "d_ff",
+SIZE_FIELDS = ("vocab_size", "d_model", "num_layers", "num_heads", "num_kv_heads", "d_ff")
+SHAPE_FIELDS = SIZE_FIELDS + (
     "head_dim",
     "qkv_bias",
     "qk_norm",
@@ -132,15 +127,7 @@ def preset_config(
 
 def validate_config(c: ml_collections.ConfigDict, prefix: str = "model") -> None:
   """Raise ValueError naming the field for any inconsistent model setting."""
-  for name in (
-      "vocab_size",
-      "d_model",
-      "num_layers",
-      "num_heads",
-      "num_kv_heads",
-      "d_ff",
-      "max_len",
-  ):
+  for name in SIZE_FIELDS + ("max_len",):
     v = c[name]
     if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
       raise ValueError(f"{prefix}.{name} must be a positive integer, got {v!r}")
