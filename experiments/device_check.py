@@ -25,6 +25,9 @@ model in float32 as in the CPU benchmark):
 5. ``sampler_25m`` and ``sampler_qwen``: the sampler at 25M and Qwen2.5-0.5B.
 6. ``noise_25m`` and ``noise_qwen``: the noise instruments at those shapes.
 7. ``scan_update``: ``bench_update.py`` (scanned round vs host loop).
+8. ``planner``: ``bench_planner.py`` at N = 64 / 1,024 / 16,384: this device's
+   latency floors (``floors.Probes``) and the planner's predicted against
+   measured rollouts/s.
 
 Output: each step's full log ``<out>/<step>.log``, and ``<out>/device_check.json``
 (device kind, jax version, per step: status ok / failed / timeout / skipped,
@@ -107,6 +110,8 @@ def steps(out: str, quick: bool) -> list[tuple[str, list[str], float]]:
           0.08,
       ),
       ("scan_update", _bench("bench_update.py", "--repeats=5"), 0.1),
+      # the planner's floors on this device, and its prediction against real rounds
+      ("planner", _bench("bench_planner.py", "--ns=64,1024,16384", "--repeats=3"), 0.08),
   ]
 
 

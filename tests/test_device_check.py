@@ -63,7 +63,7 @@ def test_bad_arguments_name_the_field(tmp_path):
 def test_the_full_plan_runs_every_step_and_its_trainer_config_is_the_25m_shape():
   plan = dc.steps("/tmp/x", quick=False)
   names = [s[0] for s in plan]
-  assert names[0] == "grpo_25m" and len(set(names)) == len(names) == 9
+  assert names[0] == "grpo_25m" and len(set(names)) == len(names) == 10
   cmd = dict((s[0], s[1]) for s in plan)["grpo_25m"]
   c = default_cfg.get_config()
   for arg in cmd:
