@@ -551,12 +551,13 @@ def plan_from_flags(F) -> dict:
   epochs = int(config.get("batch", {}).get("num_epochs", 1))
   K = rec.get("K") or config.get("batch", {}).get("rollouts_per_prompt")
   rec = dict(rec, K=K)
-  overheads = {"documented": "documented", "none": None}.get(F.floors)
-  if F.floors == "calibrate":
+  floors_flag = getattr(F, "floors", "documented")  # a caller's namespace may predate --floors
+  overheads = {"documented": "documented", "none": None}.get(floors_flag)
+  if floors_flag == "calibrate":
     from cbs_jax import floors  # pylint: disable=import-outside-toplevel
 
     if systems.accelerator_key(F.accelerator) != "cpu":
-      raise ValueError(f"--floors=calibrate measures this machine: use --accelerator=cpu")
+      raise ValueError("--floors=calibrate measures this machine: use --accelerator=cpu")
     overheads, _ = floors.calibrate(config)
   return recommend(
       rec,
