@@ -225,5 +225,5 @@ def calibrate(
   """Measure ``config``'s model (random init) on this device: ``reps``
   timings of every probe (``Probes``), fitted from their medians. Returns
   the ``Overheads`` and the raw probe results (points, accelerator)."""
-  probes_ = Probes(config, decode_batches, update_batches, acc, seed)
-  return probes_.fit([probes_.once() for _ in range(reps)])
+  p = Probes(config, decode_batches, update_batches, acc, seed)
+  return p.fit([p.once() for _ in range(reps)])

@@ -288,8 +288,7 @@ def recommend(
   if isinstance(overheads, str):
     if overheads != "documented":
       raise ValueError(f"overheads={overheads!r}: an Overheads, 'documented' or None")
-    known = acc.name in systems.ACCELERATORS
-    overheads = systems.documented_overheads(dims, acc) if known else None
+    overheads = systems.documented_overheads(dims, acc)  # None where no figure is documented
   lr_of = None
   if optim is not None:
     lr0, rule, ref = optim["lr"], optim.get("lr_rule", "sqrt"), optim.get("ref_batch", 256)

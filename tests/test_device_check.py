@@ -53,11 +53,13 @@ def test_steps_past_the_budget_are_skipped_not_run(tmp_path, monkeypatch):
   assert st["second"]["status"].startswith("skipped")
 
 
-def test_bad_arguments_name_the_field(tmp_path):
+def test_bad_arguments_name_the_field(tmp_path, capsys):
   with pytest.raises(SystemExit):
     dc.main([f"--out={tmp_path}", "--only=nosuch"])
+  assert "--only: unknown steps ['nosuch']" in capsys.readouterr().err
   with pytest.raises(SystemExit):
     dc.main([f"--out={tmp_path}", "--budget_s=0"])
+  assert "--budget_s must be positive" in capsys.readouterr().err
 
 
 def test_the_full_plan_runs_every_step_and_its_trainer_config_is_the_25m_shape():
