@@ -4,6 +4,7 @@ own best learning rate, no warmup, a law with its lack-of-fit test.
     python experiments/lr_envelope.py --hours=2     # scan, then fit (resumable, ~4-6 h in all)
     python experiments/lr_envelope.py --replot      # tables and figures from the committed records
     python experiments/lr_envelope.py --quick       # tiny smoke version (minutes)
+    python experiments/lr_envelope.py --arm=warmup5 --hours=1   # an arm against the envelope
 
 Protocol (docs/batch_law.md, "The learning-rate envelope"):
 
@@ -38,6 +39,22 @@ best rate with its lack-of-fit test (a misfit widens the interval to a case
 bootstrap over N), lr*(N) ~ N^alpha with an interval beside alpha = 1/2 and
 alpha = 1, and E_rule / E* per rule. Figures: the envelope with the fit,
 lr*(N) on log axes with the alpha = 1/2 and 1 lines.
+
+Arms (``--arm``; each its own records and results folder
+``<out>/lr_envelope_<arm>/``), read against the on-policy envelope above
+(its records must exist):
+
+* ``warmup5``: the first design's warmup (5 optimizer steps) at each N's
+  best envelope rate at the main target, 3 seeds. B_crit is fitted with and
+  without the warmup from the same (N, rate) cells, side by side, and the
+  runs that reached a target while the rate was still ramping are counted.
+* ``off4`` / ``off8``: each round reused for 4 / 8 updates (minibatches),
+  no warmup. The rate is scanned (x2 grid from the on-policy best, until
+  bracketed) at three N (``OFF_SCAN_NS``); the other N run at the on-policy
+  best rate shifted by the scans' median offset (in x2 steps). B_crit is
+  fitted over ``OFF_NS`` and the on-policy envelope refitted over the same
+  N, so the ratio B_crit(off) / B_crit(on) compares matched ranges (a
+  joint bootstrap interval).
 """
 
 from __future__ import annotations
@@ -66,11 +83,17 @@ CAP = 3.0  # a run's budget: CAP x the fewest rollouts to the highest target so 
 MIN_SEEDS = 3
 MAX_RATES = 8  # a scan that has not bracketed its best in 8 x2 steps stops there (flagged)
 RULES = ("constant", "sqrt", "linear")
+ARMS = ("on", "warmup5", "off4", "off8")
+WARMUP_STEPS = 5  # the first design's optim.warmup_steps
+OFF_NS = (128, 512, 2048, 8192, 16384)  # the off-policy arms (>= 1 prompt per minibatch at 8)
+OFF_SCAN_NS = (128, 2048, 16384)  # where the off-policy arms scan the rate
 COLUMNS = ("N", "lr", "seed", "capped", "cap_rollouts", "processor")
 
 
 def parse_args(argv=None):
-  ap = study_runner.parser(__doc__, NAME, "sweep root (one workdir per run)")
+  ap = study_runner.parser(
+      __doc__, NAME, "the envelope's sweep root, one workdir per run (an arm's: <root>_<arm>)"
+  )
   ap.add_argument(
       "--hours",
       type=float,
@@ -80,10 +103,25 @@ def parse_args(argv=None):
   ap.add_argument("--ns", default=None, help="batch sizes, comma-separated (default the study's)")
   ap.add_argument("--cap", type=float, default=CAP, help="run budget: cap x best rollouts at N")
   ap.add_argument("--replot", action="store_true", help="only tables and figures from the records")
+  ap.add_argument(
+      "--arm",
+      default="on",
+      choices=ARMS,
+      help="on: the envelope; warmup5 / off4 / off8: an arm read against it",
+  )
   args = study_runner.parse(ap, argv)
   if args.hours is None:
     args.hours = 0.01 if args.quick else 6.0
-  default = "32,64" if args.quick else ",".join(str(n) for n in batch_law.NS)
+  # an arm's runs go beside the envelope's (<root>_<arm>: a run's folder is
+  # named by its overrides, which do not name the arm) and start from the
+  # envelope's SFT base
+  args.on_root = args.root
+  if args.arm != "on":
+    args.root = args.root.rstrip("/") + f"_{args.arm}"
+  if args.quick:
+    default = "32,64"
+  else:
+    default = ",".join(str(n) for n in (OFF_NS if args.arm.startswith("off") else batch_law.NS))
   args.ns = [int(x) for x in (args.ns or default).split(",") if x]
   return args
 
@@ -108,8 +146,14 @@ def rule_rate(rule: str, N: int, lr0: float, ref: int) -> float | None:
 # ---------------------------------------------------------------- records
 
 
-def records_path(out: str) -> str:
-  return os.path.join(out, NAME, f"{NAME}_runs.csv")
+def arm_name(arm: str) -> str:
+  """The results folder (and file stem) of ``arm``."""
+  return NAME if arm == "on" else f"{NAME}_{arm}"
+
+
+def records_path(out: str, arm: str = "on") -> str:
+  name = arm_name(arm)
+  return os.path.join(out, name, f"{name}_runs.csv")
 
 
 def load_records(path: str) -> list[dict]:
@@ -182,6 +226,81 @@ def wanted(recs, ns, targets, lr0, ref) -> list[tuple[int, float, int]]:
   return out
 
 
+def on_best_rates(on_recs, t: float) -> dict[int, float]:
+  """{N: the envelope's best rate at target ``t``} where it is bracketed."""
+  return {
+      row["N"]: row["best_lr"]
+      for row in lr_envelope.envelope(as_envelope_records(on_recs, t), n_boot=50)
+      if row["bracketed"]
+  }
+
+
+def arm_target(on_recs, targets) -> float:
+  """The target whose envelope rates the arms start from: the middle one,
+  or, where the envelope brackets no N there (a short scan), the target
+  where it brackets the most."""
+  ts = sorted(map(float, targets))
+  main_t = ts[len(ts) // 2]
+  if on_best_rates(on_recs, main_t):
+    return main_t
+  return max(ts, key=lambda t: len(on_best_rates(on_recs, t)))
+
+
+def scan_ns(ns) -> list[int]:
+  """The off-policy arms' scanned N: ``OFF_SCAN_NS`` where they are in
+  ``ns``, else the ends and the middle of ``ns``."""
+  ns = sorted(ns)
+  got = [n for n in OFF_SCAN_NS if n in ns]
+  return got if len(got) == len(OFF_SCAN_NS) else sorted({ns[0], ns[len(ns) // 2], ns[-1]})
+
+
+def off_shift(recs, on_best, scanned, t: float) -> int | None:
+  """The off-policy arm's rate offset from the on-policy best, in x2 steps:
+  the median over ``scanned`` N of log2(best_off / best_on) at ``t`` (rounded
+  to the grid), once every scanned N is bracketed; None before."""
+  rows = {r["N"]: r for r in lr_envelope.envelope(as_envelope_records(recs, t), n_boot=50)}
+  if any(N not in rows or not rows[N]["bracketed"] for N in scanned):
+    return None
+  return int(round(float(np.median([math.log2(rows[N]["best_lr"] / on_best[N]) for N in scanned]))))
+
+
+def wanted_arm(arm, recs, on_recs, ns, targets) -> list[tuple[int, float, int]]:
+  """The (N, lr, seed) runs arm ``arm`` asks for next (module docstring):
+  warmup5, the envelope's best rate at the main target with every seed;
+  off4 / off8, the scan at ``scan_ns``, then (once the scans are bracketed)
+  the seeds at each scanned N's best two rates and at the shifted on-policy
+  best elsewhere. Batch sizes without a bracketed on-policy best are
+  skipped (their envelope must be finished first)."""
+  main_t = arm_target(on_recs, targets)
+  on_best = on_best_rates(on_recs, main_t)
+  ns = [N for N in ns if N in on_best]
+  seeds = range(MIN_SEEDS)
+  if arm == "warmup5":
+    want = [(N, on_best[N], s) for N in ns for s in seeds]
+  else:
+    scanned = [N for N in scan_ns(ns) if N in ns] if ns else []
+    want = [(N, on_best[N] * 2.0 ** d, 0) for N in scanned for d in (-1, 0, 1)]
+    for t in sorted(map(float, targets)):
+      for row in lr_envelope.envelope(as_envelope_records(recs, t), n_boot=50):
+        if row["N"] in scanned and math.isfinite(row["best"]) and len(row["lrs"]) < MAX_RATES:
+          want += [(row["N"], lr, 0) for lr in lr_envelope.next_rates(row)]
+    shift = off_shift(recs, on_best, scanned, main_t) if scanned else None
+    if shift is not None:
+      for t in sorted(map(float, targets)):
+        for row in lr_envelope.envelope(as_envelope_records(recs, t), n_boot=50):
+          if row["N"] in scanned and row["bracketed"]:
+            order = np.argsort(row["means"], kind="stable")[:2]
+            want += [(row["N"], row["lrs"][i], s) for i in order for s in seeds]
+      want += [(N, on_best[N] * 2.0 ** shift, s) for N in ns if N not in scanned for s in seeds]
+  have = {(r["N"], _lr(r["lr"]), r["seed"]) for r in recs}
+  out = []
+  for N, lr, seed in want:
+    key = (N, _lr(lr), seed)
+    if key not in have and key not in out:
+      out.append(key)
+  return out
+
+
 def best_so_far(recs, N, t_top) -> float | None:
   vals = [
       r.get(f"rollouts@{t_top}")
@@ -222,9 +341,13 @@ def run_batch(args, config, todo, recs, tgt) -> list[dict]:
   return out
 
 
-def study_config(quick: bool):
+def study_config(quick: bool, arm: str = "on"):
+  if arm not in ARMS:
+    raise ValueError(f"unknown arm {arm!r}; known: {ARMS}")
   c = batch_law.get_config("quick" if quick else "on")
-  c.optim.warmup_steps = 0
+  c.optim.warmup_steps = WARMUP_STEPS if arm == "warmup5" else 0
+  if arm.startswith("off"):
+    c.batch.num_minibatches = int(arm[3:])
   c.optim.lr_rule = "constant"  # the scanned rate is the rate
   c.train.stop_below_pass_rate = batch_law.COLLAPSED  # a diverging rate stops early
   return c
@@ -361,25 +484,191 @@ def analyse(args, recs, tgt, lr0, ref, t_start):
   )
 
 
+def _fit(runs, t) -> dict:
+  """S(N) law over ``runs`` (records) at target ``t``; the error as a dict."""
+  try:
+    return batch_law_lib.fit_critical_batch(
+        [r["N"] for r in runs], [r.get(f"rounds@{t}") for r in runs], [r["seed"] for r in runs]
+    )
+  except ValueError as e:
+    return dict(error=str(e), verdict="unresolved")
+
+
+def _b_cells(prefix: str, f: dict) -> dict:
+  """A fit's B_crit, interval, verdict and lack-of-fit p as table cells."""
+  if "error" in f:
+    return {f"{prefix}": f"no fit ({f['error']})", f"{prefix}_B": None}
+  lof = f.get("lack_of_fit") or {}
+  return {
+      prefix: stats.fmt(f["B_crit"], f["B_crit_lo"], f["B_crit_hi"]) + f" ({f['verdict']})",
+      f"{prefix}_B": f["B_crit"],
+      f"{prefix}_lo": f["B_crit_lo"],
+      f"{prefix}_hi": f["B_crit_hi"],
+      f"{prefix}_lof_p": lof.get("p_value"),
+  }
+
+
+def _ratio_cell(num: dict, den: dict) -> dict:
+  if "error" in num or "error" in den:
+    return dict(ratio=None, ratio_lo=None, ratio_hi=None, ratio_ci="–")
+  lo, hi = batch_law_lib.bootstrap_ratio_interval(num["boot_B_crit"], den["boot_B_crit"])
+  r = num["B_crit"] / den["B_crit"]
+  return dict(ratio=r, ratio_lo=lo, ratio_hi=hi, ratio_ci=stats.fmt(r, lo, hi))
+
+
+def _mean_cell(runs, key) -> float | None:
+  vals = [r.get(key) for r in runs]
+  if not vals or any(v is None for v in vals):
+    return None
+  return float(np.mean(vals))
+
+
+def analyse_arm(args, arm, recs, on_recs, tgt, t_start):
+  """The arm against the envelope (module docstring): a per-target table of
+  B_crit side by side with the ratio, and a per-N table."""
+  name = arm_name(arm)
+  out = report.Results(name, root=args.out)
+  main_t = arm_target(on_recs, tgt)
+  on_best = on_best_rates(on_recs, main_t)
+  live = lambda runs: [r for r in runs if not r["capped"]]
+  table, per_n = [], []
+  for t in map(float, tgt):
+    if arm == "warmup5":
+      cells = {(N, _lr(lr)) for N, lr in on_best.items() if N in args.ns}
+      on_runs = live(r for r in on_recs if (r["N"], r["lr"]) in cells)
+      arm_runs = live(r for r in recs if (r["N"], r["lr"]) in cells)
+      how = {N: "on-policy best at the main target" for N, _ in cells}
+    else:
+      on_env = lr_envelope.envelope(
+          as_envelope_records([r for r in on_recs if r["N"] in args.ns], t), n_boot=50
+      )
+      on_cells = {(row["N"], _lr(row["best_lr"])) for row in on_env if row["bracketed"]}
+      on_runs = live(r for r in on_recs if (r["N"], r["lr"]) in on_cells)
+      env = lr_envelope.envelope(as_envelope_records(recs, t), n_boot=50)
+      scanned = scan_ns(args.ns)
+      cells = {
+          (row["N"], _lr(row["best_lr"]))
+          for row in env
+          if math.isfinite(row["best"]) and (row["bracketed"] or row["N"] not in scanned)
+      }
+      arm_runs = live(r for r in recs if (r["N"], r["lr"]) in cells)
+      how = {
+          row["N"]: ("scanned, bracketed" if row["bracketed"] else "scan at an edge")
+          if row["N"] in scanned
+          else "on-policy best x 2^shift"
+          for row in env
+      }
+    f_on, f_arm = _fit(on_runs, t), _fit(arm_runs, t)
+    in_warmup = sum(
+        1
+        for r in arm_runs
+        if arm == "warmup5" and r.get(f"rounds@{t}") is not None
+        and r[f"rounds@{t}"] <= WARMUP_STEPS
+    )
+    row = dict(target=t, points=f"{len(on_runs)} / {len(arm_runs)}")
+    row |= _b_cells("on", f_on) | _b_cells(arm, f_arm) | _ratio_cell(f_arm, f_on)
+    if arm == "warmup5":
+      row["reached_in_warmup"] = f"{in_warmup}/{len(arm_runs)}"
+    table.append(row)
+    for N in sorted({r["N"] for r in arm_runs} | {r["N"] for r in on_runs}):
+      a = [r for r in arm_runs if r["N"] == N]
+      o = [r for r in on_runs if r["N"] == N]
+      per_n.append(
+          dict(
+              target=t,
+              N=N,
+              lr_on=o[0]["lr"] if o else None,
+              lr_arm=a[0]["lr"] if a else None,
+              rate=how.get(N, "–"),
+              seeds=f"{len(o)} / {len(a)}",
+              S_on=_mean_cell(o, f"rounds@{t}"),
+              S_arm=_mean_cell(a, f"rounds@{t}"),
+              E_on=_mean_cell(o, f"rollouts@{t}"),
+              E_arm=_mean_cell(a, f"rollouts@{t}"),
+          )
+      )
+  what = {
+      "warmup5": f"the first design's {WARMUP_STEPS}-step warmup vs none, every N at the "
+      f"envelope's best rate at {main_t} (the same (N, rate) cells in both columns)",
+      "off4": "each round reused for 4 updates vs on-policy, each at its own best rate, "
+      f"fitted over the same N {list(args.ns)}",
+      "off8": "each round reused for 8 updates vs on-policy, each at its own best rate, "
+      f"fitted over the same N {list(args.ns)}",
+  }[arm]
+  shift, scanned = None, []
+  if arm.startswith("off"):
+    scanned = [N for N in scan_ns(args.ns) if N in on_best]
+    shift = off_shift(recs, on_best, scanned, main_t) if scanned else None
+  notes = "\n".join(
+      [
+          f"{arm} against the learning-rate envelope: {what}. B_crit [90% bootstrap interval] "
+          "of S(N) = S_min (1 + B_crit / N) in rounds (case bootstrap where the law misfits, "
+          "lack-of-fit p in the CSV); ratio = B_crit(arm) / B_crit(on) with the interval of "
+          "the two bootstraps paired at random. points: runs fitted (on / arm). "
+          f"{len(recs)} runs recorded in {name}_runs.csv.",
+          ""
+          if shift is None
+          else f"\nRate offset from the on-policy best, from the scans at N "
+          f"{scanned}: x2^{shift} (the median, target {main_t}).",
+          "",
+          f"- Command: `{' '.join(['python'] + sys.argv)}`.",
+      ]
+  )
+  cols = ["target", "points", "on", arm, "ratio_ci"] + (
+      ["reached_in_warmup"] if arm == "warmup5" else []
+  )
+  md = out.table(table, cols, title=f"The batch-size law, {arm} vs the envelope", notes=notes)
+  per_md = report.markdown_table(
+      per_n, ["target", "N", "lr_on", "lr_arm", "rate", "seeds", "S_on", "S_arm", "E_on", "E_arm"]
+  )
+  with open(out.path(".md"), "w") as f:
+    f.write(md + "\n## Per batch size (means over seeds)\n\n" + per_md + "\n")
+  with open(out.path("_per_n.csv"), "w", newline="") as f:
+    w = csv.DictWriter(f, fieldnames=list(per_n[0]) if per_n else ["target"])
+    w.writeheader()
+    w.writerows(per_n)
+  out.manifest(
+      config=study_config(args.quick, arm),
+      wall_seconds=time.time() - t_start,
+      targets=list(tgt),
+      ns=args.ns,
+      cap=args.cap,
+      shift=shift,
+  )
+
+
 def main(argv=None):
   args = parse_args(argv)
   logging.set_verbosity(logging.WARNING)
   t0 = time.time()
-  c = study_config(args.quick)
+  c = study_config(args.quick, args.arm)
+  if args.arm != "on":
+    c = study_runner.on_policy_base(c, args.on_root)
   tgt = batch_law.targets("quick" if args.quick else "on")
-  t_top = float(max(tgt))
   lr0, ref = c.optim.lr, c.optim.ref_batch
-  path = records_path(args.out)
+  path = records_path(args.out, args.arm)
   recs = load_records(path)
+  on_recs = recs if args.arm == "on" else load_records(records_path(args.out))
+  if args.arm != "on" and not on_recs:
+    raise SystemExit(
+        f"--arm={args.arm} reads the on-policy envelope's records at "
+        f"{records_path(args.out)}: none there; run the envelope (--arm=on) first"
+    )
   while not args.replot and time.time() - t0 < args.hours * 3600:
-    todo = wanted(recs, args.ns, tgt, lr0, ref)
+    if args.arm == "on":
+      todo = wanted(recs, args.ns, tgt, lr0, ref)
+    else:
+      todo = wanted_arm(args.arm, recs, on_recs, args.ns, tgt)
     if not todo:
       break
     todo = todo[: max(2, args.workers)]  # a few at a time: caps follow the best so far
-    recs += run_batch(args, c, todo, recs, tgt)
+    cap_ref = recs if args.arm == "on" else recs + on_recs
+    recs += run_batch(args, c, todo, cap_ref, tgt)
     save_records(path, recs)
-  if recs:
+  if recs and args.arm == "on":
     analyse(args, recs, tgt, lr0, ref, t0)
+  elif recs:
+    analyse_arm(args, args.arm, recs, on_recs, tgt, t0)
 
 
 if __name__ == "__main__":
