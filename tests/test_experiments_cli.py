@@ -46,6 +46,7 @@ FLAGS = {
         "--ns",
         "--cap",
         "--replot",
+        "--arm",
         "--quick",
     ],
     "adaptive_wallclock": [
@@ -133,6 +134,16 @@ CHAINS = {
             ["lr_envelope.md", "lr_envelope.csv", "lr_envelope_runs.csv", "manifest.json"],
         ),
         ("lr_envelope", ["--replot"], ["lr_envelope.md", "lr_envelope_rules.csv"]),
+        # an arm against the envelope (its own folder beside the envelope's)
+        (
+            "lr_envelope",
+            ["--arm=warmup5"],
+            [
+                "lr_envelope_warmup5/lr_envelope_warmup5.md",
+                "lr_envelope_warmup5/lr_envelope_warmup5_runs.csv",
+                "lr_envelope_warmup5/manifest.json",
+            ],
+        ),
     ],
     # its own SFT base and runs (one at a time, timed)
     "adaptive_wallclock": [
@@ -282,8 +293,8 @@ def test_every_study_quick_mode_writes_its_files(chain, tmp_path):
     extra = [e.format(out=out) for e in extra]
     p = _run(script, "--quick", f"--out={out}", *extra, cwd=tmp_path, timeout=900)
     assert p.returncode == 0, (script, p.stdout[-2000:] + p.stderr[-4000:])
-    for name in files:
-      f = out / script / name
+    for name in files:  # under <out>/<script>/, or <out>/ when it names its folder
+      f = out / name if "/" in name else out / script / name
       assert f.is_file() and f.stat().st_size > 0, (script, name, sorted(os.listdir(out / script)))
     if script in CHECKS:
       CHECKS[script](out / script)

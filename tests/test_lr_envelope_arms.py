@@ -1,0 +1,147 @@
+"""The learning-rate envelope's arms (``experiments/lr_envelope.py --arm``):
+what each schedules from the envelope's records, and the side-by-side fit,
+on synthetic records with a known best rate and a known B_crit."""
+
+import argparse
+import csv
+import math
+import os
+
+import numpy as np
+import pytest
+
+from tests import experiment_scripts
+
+L = experiment_scripts.load("lr_envelope")
+T = 0.54
+NS = [128, 512, 2048, 8192, 16384]
+
+
+def lr_star(N, shift=0):
+  """The synthetic best rate: 3e-4 at N = 128, x2 per x4 in N, times 2^shift."""
+  return 3e-4 * 2.0 ** (round(math.log(N / 128, 4)) + shift)
+
+
+def rec(N, lr, seed, b_crit, best_lr, s_min=5.0, noise=0.0, rng=None):
+  """A run record whose rounds to T follow the law at the best rate and
+  grow by 30% per x2 step away from it."""
+  off = abs(math.log2(lr / best_lr))
+  s = s_min * (1 + b_crit / N) * (1 + 0.3 * off)
+  if rng is not None:
+    s *= 1 + noise * rng.normal()
+  return {
+      "N": N,
+      "lr": L._lr(lr),
+      "seed": seed,
+      "capped": False,
+      f"rounds@{T}": s,
+      f"rollouts@{T}": s * N,
+  }
+
+
+def envelope_records(b_crit=2000.0, seeds=3, rng=None, noise=0.0):
+  """The on-policy envelope: every N scanned at its best and both neighbours."""
+  return [
+      rec(N, lr_star(N) * 2.0**d, s, b_crit, lr_star(N), noise=noise, rng=rng)
+      for N in NS
+      for d in (-1, 0, 1)
+      for s in range(seeds)
+  ]
+
+
+def test_warmup_arm_asks_for_every_seed_at_each_envelope_best_and_skips_what_is_recorded():
+  on = envelope_records()
+  want = L.wanted_arm("warmup5", [], on, NS, (T,))
+  assert sorted(want) == sorted((N, L._lr(lr_star(N)), s) for N in NS for s in range(3))
+  done = [rec(N, lr, s, 2000.0, lr) for N, lr, s in want[:4]]
+  assert L.wanted_arm("warmup5", done, on, NS, (T,)) == want[4:]
+  # an N whose envelope is not bracketed is left out
+  edge = [r for r in on if not (r["N"] == 512 and r["lr"] < L._lr(lr_star(512)))]
+  assert all(N != 512 for N, _, _ in L.wanted_arm("warmup5", [], edge, NS, (T,)))
+
+
+def test_off_arm_scans_three_batch_sizes_then_shifts_the_rest():
+  on = envelope_records()
+  scanned = L.scan_ns(NS)
+  assert scanned == list(L.OFF_SCAN_NS)
+  first = L.wanted_arm("off4", [], on, NS, (T,))
+  assert sorted(first) == sorted(
+      (N, L._lr(lr_star(N) * 2.0**d), 0) for N in scanned for d in (-1, 0, 1)
+  )
+  # the off-policy optimum sits one x2 step below the on-policy one: at
+  # every scanned N the scan's low edge holds the best, so it scans lower
+  off = [rec(N, lr, s, 6000.0, lr_star(N, -1)) for N, lr, s in first]
+  step = L.wanted_arm("off4", off, on, NS, (T,))
+  assert sorted(step) == sorted((N, L._lr(lr_star(N) / 4), 0) for N in scanned)
+  assert L.off_shift(off, L.on_best_rates(on, T), scanned, T) is None  # not bracketed yet
+  off += [rec(N, lr, s, 6000.0, lr_star(N, -1)) for N, lr, s in step]
+  assert L.off_shift(off, L.on_best_rates(on, T), scanned, T) == -1
+  last = set(L.wanted_arm("off4", off, on, NS, (T,)))
+  rest = {(N, L._lr(lr_star(N, -1)), s) for N in NS if N not in scanned for s in range(3)}
+  seeds = {
+      (N, L._lr(lr_star(N, -1) * 2.0**d), s) for N in scanned for d in (-1, 0) for s in (1, 2)
+  }
+  assert rest <= last and seeds <= last
+  assert all(s > 0 or N not in scanned for N, _, s in last)  # no seed-0 rerun at a scanned N
+
+
+def _args(tmp_path, ns):
+  return argparse.Namespace(out=str(tmp_path), ns=ns, quick=False, cap=3.0)
+
+
+def _read(path):
+  with open(path) as f:
+    return list(csv.DictReader(f))
+
+
+def test_off_arm_ratio_recovers_a_known_b_crit_ratio_over_matched_batch_sizes(tmp_path):
+  """B_crit 2,000 on-policy and 6,000 off-policy (10% seed scatter): the fits
+  recover both and the ratio's interval holds 3. The on-policy fit uses
+  only the arm's N (an extra N = 64 point in the envelope is left out)."""
+  rng = np.random.default_rng(0)
+  on = envelope_records(2000.0, rng=rng, noise=0.1)
+  on += [rec(64, 3e-4 * 2.0**d, s, 1e5, 3e-4) for d in (-1, 0, 1) for s in range(3)]
+  scanned = L.scan_ns(NS)
+  off = [
+      rec(N, lr_star(N, -1) * 2.0**d, s, 6000.0, lr_star(N, -1), noise=0.1, rng=rng)
+      for N in scanned
+      for d in (-1, 0, 1)
+      for s in range(3)
+  ]
+  off += [
+      rec(N, lr_star(N, -1), s, 6000.0, lr_star(N, -1), noise=0.1, rng=rng)
+      for N in NS
+      if N not in scanned
+      for s in range(3)
+  ]
+  L.analyse_arm(_args(tmp_path, NS), "off4", off, on, (T,), 0.0)
+  (row,) = _read(tmp_path / "lr_envelope_off4" / "lr_envelope_off4.csv")
+  assert float(row["on_B"]) == pytest.approx(2000, rel=0.3)
+  assert float(row["off4_B"]) == pytest.approx(6000, rel=0.3)
+  assert float(row["ratio_lo"]) < 3 < float(row["ratio_hi"])
+  assert row["points"] == "15 / 15"
+  md = (tmp_path / "lr_envelope_off4" / "lr_envelope_off4.md").read_text()
+  assert "x2^-1" in md and "Per batch size" in md
+  per_n = _read(tmp_path / "lr_envelope_off4" / "lr_envelope_off4_per_n.csv")
+  assert {int(r["N"]) for r in per_n} == set(NS)
+  assert os.path.exists(tmp_path / "lr_envelope_off4" / "manifest.json")
+
+
+def test_warmup_arm_counts_targets_reached_inside_the_warmup(tmp_path):
+  """A warmup that only delays the large N (3 extra rounds where S < 10)
+  shows as a larger B_crit, and the runs that reached T within the first
+  WARMUP_STEPS rounds are counted."""
+  on = envelope_records(2000.0)
+  arm = []
+  for N in NS:
+    for s in range(3):
+      r = rec(N, lr_star(N), s, 2000.0, lr_star(N))
+      if r[f"rounds@{T}"] < 10:
+        r[f"rounds@{T}"] = 4.0 + 0.1 * s
+        r[f"rollouts@{T}"] = r[f"rounds@{T}"] * N
+      arm.append(r)
+  L.analyse_arm(_args(tmp_path, NS), "warmup5", arm, on, (T,), 0.0)
+  (row,) = _read(tmp_path / "lr_envelope_warmup5" / "lr_envelope_warmup5.csv")
+  small_s = sum(1 for r in arm if r[f"rounds@{T}"] <= L.WARMUP_STEPS)
+  assert small_s > 0 and row["reached_in_warmup"] == f"{small_s}/15"
+  assert float(row["warmup5_B"]) > float(row["on_B"])
