@@ -730,6 +730,113 @@ def lr_envelope(
   return fig
 
 
+def laws(series: Sequence[Mapping[str, Any]], title=None, step_label: str = "rounds") -> Figure:
+  """Several S(N) laws on one log-log axes. Each series: ``label``, ``N``
+  and ``S`` (one value per run; None or non-finite: not reached, left out),
+  optional ``fit`` (``batch_law.fit_critical_batch``'s dict). Drawn per
+  series in its own style: the runs (small open markers), the geometric
+  mean per N, the fitted S_min (1 + B_crit / N) (line gid ``"fit:<label>"``)
+  and the knee (B_crit, 2 S_min) with a horizontal bar over the B_crit
+  interval; the legend gives B_crit [interval], the verdict and the
+  lack-of-fit p."""
+  fig, (ax,) = _new(1, size=(8.2, 4.6))
+  for i, s in enumerate(series):
+    st = style(i)
+    n, y = _arr(s["N"]), _arr(s["S"])
+    ok = np.isfinite(n) & np.isfinite(y) & (y > 0)
+    ax.plot(n[ok], y[ok], st["marker"], mfc="none", color=st["color"], ms=4, alpha=0.5)
+    ns = np.unique(n[ok])
+    means = [np.exp(np.mean(np.log(y[ok & (n == v)]))) for v in ns]
+    fit = s.get("fit")
+    good = fit is not None and "error" not in fit and fit["S_min"] > 0 and fit["B_crit"] > 0
+    ax.plot(
+        ns,
+        means,
+        st["marker"],
+        color=st["color"],
+        ms=6,
+        label=None if good else f"{s['label']} (no fit)",
+    )
+    if good:
+      S_min, B = fit["S_min"], fit["B_crit"]
+      grid = np.geomspace(ns.min() / 1.3, ns.max() * 1.3, 200)
+      lof = (fit.get("lack_of_fit") or {}).get("p_value")
+      label = (
+          f"{s['label']}: B_crit {B:.3g} [{fit['B_crit_lo']:.3g}, {fit['B_crit_hi']:.3g}] "
+          f"({fit['verdict']}" + (f", lack of fit p = {lof:.2g})" if lof is not None else ")")
+      )
+      (line,) = ax.plot(
+          grid,
+          S_min * (1 + B / grid),
+          linestyle=st["linestyle"],
+          color=st["color"],
+          linewidth=1.3,
+          label=label,
+      )
+      line.set_gid(f"fit:{s['label']}")
+      lo, hi = fit["B_crit_lo"], fit["B_crit_hi"]
+      if np.isfinite(lo) and np.isfinite(hi):
+        ax.errorbar(
+            [B],
+            [2 * S_min],
+            xerr=[[B - lo], [hi - B]],
+            fmt="|",
+            color=st["color"],
+            capsize=3,
+            linewidth=1.0,
+            ms=10,
+        )
+  ax.set_xscale("log", base=2)
+  ax.set_yscale("log")
+  ax.set_xlabel("batch size N (rollouts per round)")
+  ax.set_ylabel(f"steps to target S ({step_label})")
+  ax.grid(True, which="major", linewidth=0.3, color="0.8")
+  _legend(ax, loc="upper right")
+  ax.set_title(
+      (title + "\n" if title else "")
+      + "markers: mean per N (open: runs); bar at (B_crit, 2 S_min): 90% bootstrap interval",
+      fontsize=8,
+  )
+  return fig
+
+
+def rule_ratios(rows: Sequence[Mapping[str, Any]], bar: float = 1.25, title=None) -> Figure:
+  """E_rule(N) / E*(N) per learning-rate rule (``rows``: rule, N, ratio;
+  an infinite ratio -- some seed never reached -- drawn as a triangle at
+  the top edge), with the ``bar`` under which a rule holds."""
+  fig, (ax,) = _new(1, size=(6.4, 3.8))
+  top = transforms.blended_transform_factory(ax.transData, ax.transAxes)
+  for i, rule in enumerate(dict.fromkeys(r["rule"] for r in rows)):
+    st = style(i + 1)
+    rs = sorted((r for r in rows if r["rule"] == rule), key=lambda r: r["N"])
+    n, y = _arr([r["N"] for r in rs]), _arr([r["ratio"] for r in rs])
+    ok = np.isfinite(y)
+    ax.plot(
+        n[ok], y[ok], marker=st["marker"], linestyle=st["linestyle"], color=st["color"], label=rule
+    )
+    if (~ok).any():
+      ax.plot(
+          n[~ok],
+          np.full((~ok).sum(), 0.97),
+          "^",
+          mfc="none",
+          color=st["color"],
+          transform=top,
+          label=f"{rule}: target not reached",
+      )
+  ax.axhline(1.0, color="0.3", linewidth=0.8)
+  ax.axhline(bar, color="0.3", linewidth=0.9, linestyle=(0, (4, 2)), label=f"holds below {bar:g}")
+  ax.set_xscale("log", base=2)
+  ax.set_yscale("log")
+  ax.set_xlabel("batch size N (rollouts per round)")
+  ax.set_ylabel("rollouts to target: rule / envelope best")
+  ax.grid(True, which="major", linewidth=0.3, color="0.8")
+  _legend(ax)
+  if title:
+    ax.set_title(title, fontsize=9)
+  return fig
+
+
 def save(fig: Figure, path: str, dpi: int = DPI) -> str:
   """Write ``fig`` to ``path`` as a PNG at ``dpi`` and close it; returns
   the path."""

@@ -279,7 +279,7 @@ def wanted_arm(arm, recs, on_recs, ns, targets) -> list[tuple[int, float, int]]:
     want = [(N, on_best[N], s) for N in ns for s in seeds]
   else:
     scanned = [N for N in scan_ns(ns) if N in ns] if ns else []
-    want = [(N, on_best[N] * 2.0 ** d, 0) for N in scanned for d in (-1, 0, 1)]
+    want = [(N, on_best[N] * 2.0**d, 0) for N in scanned for d in (-1, 0, 1)]
     for t in sorted(map(float, targets)):
       for row in lr_envelope.envelope(as_envelope_records(recs, t), n_boot=50):
         if row["N"] in scanned and math.isfinite(row["best"]) and len(row["lrs"]) < MAX_RATES:
@@ -291,7 +291,7 @@ def wanted_arm(arm, recs, on_recs, ns, targets) -> list[tuple[int, float, int]]:
           if row["N"] in scanned and row["bracketed"]:
             order = np.argsort(row["means"], kind="stable")[:2]
             want += [(row["N"], row["lrs"][i], s) for i in order for s in seeds]
-      want += [(N, on_best[N] * 2.0 ** shift, s) for N in ns if N not in scanned for s in seeds]
+      want += [(N, on_best[N] * 2.0**shift, s) for N in ns if N not in scanned for s in seeds]
   have = {(r["N"], _lr(r["lr"]), r["seed"]) for r in recs}
   out = []
   for N, lr, seed in want:
@@ -359,7 +359,7 @@ def study_config(quick: bool, arm: str = "on"):
 def analyse(args, recs, tgt, lr0, ref, t_start):
   out = report.Results(NAME, root=args.out)
   main_t = float(tgt[len(tgt) // 2])
-  table, fits, alphas, ratios = [], {}, {}, []
+  table, fits, alphas, ratios, fit_runs = [], {}, {}, [], {}
   for t in map(float, tgt):
     env = lr_envelope.envelope(as_envelope_records(recs, t), n_boot=2000)
     env_s = {r["N"]: r for r in lr_envelope.envelope(as_envelope_records(recs, t, "rounds"))}
@@ -387,14 +387,8 @@ def analyse(args, recs, tgt, lr0, ref, t_start):
         for row in ok
         if r["N"] == row["N"] and r["lr"] == row["best_lr"] and not r["capped"]
     ]
-    try:
-      fits[t] = batch_law_lib.fit_critical_batch(
-          [r["N"] for r in best_runs],
-          [r.get(f"rounds@{t}") for r in best_runs],
-          [r["seed"] for r in best_runs],
-      )
-    except ValueError as e:
-      fits[t] = dict(error=str(e), verdict="unresolved")
+    fit_runs[t] = best_runs
+    fits[t] = _fit(best_runs, t)
     try:
       alphas[t] = lr_envelope.lr_exponent(env)
     except ValueError as e:
@@ -460,6 +454,29 @@ def analyse(args, recs, tgt, lr0, ref, t_start):
       w = csv.DictWriter(f, fieldnames=list(ratios[0]))
       w.writeheader()
       w.writerows(ratios)
+  series = []
+  for t in map(float, tgt):
+    runs = fit_runs[t]
+    series.append(
+        dict(
+            label=f"target {t:g}",
+            N=[r["N"] for r in runs],
+            S=[r.get(f"rounds@{t}") for r in runs],
+            fit=fits[t],
+        )
+    )
+  out.figure(
+      plots.laws(series, title="S*(N) on the learning-rate envelope (each N at its best rate)"),
+      ".png",
+  )
+  main_rules = [r for r in ratios if r["target"] == main_t]
+  if main_rules:
+    out.figure(
+        plots.rule_ratios(
+            main_rules, title=f"each rule's rate against the envelope, target {main_t}"
+        ),
+        "_rules.png",
+    )
   main_env = [r for r in table if r["target"] == main_t and math.isfinite(r["E_star"])]
   if main_env:
     a = alphas.get(main_t, {})
@@ -531,7 +548,7 @@ def analyse_arm(args, arm, recs, on_recs, tgt, t_start):
   main_t = arm_target(on_recs, tgt)
   on_best = on_best_rates(on_recs, main_t)
   live = lambda runs: [r for r in runs if not r["capped"]]
-  table, per_n = [], []
+  table, per_n, fig_series = [], [], []
   for t in map(float, tgt):
     if arm == "warmup5":
       cells = {(N, _lr(lr)) for N, lr in on_best.items() if N in args.ns}
@@ -559,10 +576,13 @@ def analyse_arm(args, arm, recs, on_recs, tgt, t_start):
           for row in env
       }
     f_on, f_arm = _fit(on_runs, t), _fit(arm_runs, t)
+    if t == main_t:
+      fig_series = [("on-policy", on_runs, f_on), (arm, arm_runs, f_arm)]
     in_warmup = sum(
         1
         for r in arm_runs
-        if arm == "warmup5" and r.get(f"rounds@{t}") is not None
+        if arm == "warmup5"
+        and r.get(f"rounds@{t}") is not None
         and r[f"rounds@{t}"] <= WARMUP_STEPS
     )
     row = dict(target=t, points=f"{len(on_runs)} / {len(arm_runs)}")
@@ -627,6 +647,22 @@ def analyse_arm(args, arm, recs, on_recs, tgt, t_start):
     w = csv.DictWriter(f, fieldnames=list(per_n[0]) if per_n else ["target"])
     w.writeheader()
     w.writerows(per_n)
+  fig_t = main_t
+  out.figure(
+      plots.laws(
+          [
+              dict(
+                  label=lab,
+                  N=[r["N"] for r in runs],
+                  S=[r.get(f"rounds@{fig_t}") for r in runs],
+                  fit=f,
+              )
+              for lab, runs, f in fig_series
+          ],
+          title=f"{arm} vs the on-policy envelope, target {fig_t}",
+      ),
+      ".png",
+  )
   out.manifest(
       config=study_config(args.quick, arm),
       wall_seconds=time.time() - t_start,

@@ -133,7 +133,11 @@ CHAINS = {
             [],
             ["lr_envelope.md", "lr_envelope.csv", "lr_envelope_runs.csv", "manifest.json"],
         ),
-        ("lr_envelope", ["--replot"], ["lr_envelope.md", "lr_envelope_rules.csv"]),
+        (
+            "lr_envelope",
+            ["--replot"],
+            ["lr_envelope.md", "lr_envelope_rules.csv", "lr_envelope.png"],
+        ),
         # an arm against the envelope (its own folder beside the envelope's)
         (
             "lr_envelope",
@@ -141,6 +145,7 @@ CHAINS = {
             [
                 "lr_envelope_warmup5/lr_envelope_warmup5.md",
                 "lr_envelope_warmup5/lr_envelope_warmup5_runs.csv",
+                "lr_envelope_warmup5/lr_envelope_warmup5.png",
                 "lr_envelope_warmup5/manifest.json",
             ],
         ),

@@ -78,9 +78,7 @@ def test_off_arm_scans_three_batch_sizes_then_shifts_the_rest():
   assert L.off_shift(off, L.on_best_rates(on, T), scanned, T) == -1
   last = set(L.wanted_arm("off4", off, on, NS, (T,)))
   rest = {(N, L._lr(lr_star(N, -1)), s) for N in NS if N not in scanned for s in range(3)}
-  seeds = {
-      (N, L._lr(lr_star(N, -1) * 2.0**d), s) for N in scanned for d in (-1, 0) for s in (1, 2)
-  }
+  seeds = {(N, L._lr(lr_star(N, -1) * 2.0**d), s) for N in scanned for d in (-1, 0) for s in (1, 2)}
   assert rest <= last and seeds <= last
   assert all(s > 0 or N not in scanned for N, _, s in last)  # no seed-0 rerun at a scanned N
 

@@ -1,6 +1,7 @@
 """cbs_jax.plots: every figure is labelled, saves a real PNG, draws the data
 it was given, and its fitted curves match closed forms computed here."""
 
+import math
 import os
 import subprocess
 import sys
@@ -317,3 +318,32 @@ print('OK', matplotlib.get_backend())
   assert out.returncode == 0, out.stderr
   assert out.stdout.startswith("OK")
   assert os.path.getsize(tmp_path / "p.png") > 1000
+
+
+def test_laws_draws_each_fit_and_marks_a_series_without_one():
+  ns = [64, 256, 1024, 4096]
+  fit = batch_law.fit_critical_batch(
+      ns * 3,
+      [10 * (1 + 1000 / n) * (1 + 0.05 * s) for s in (-1, 0, 1) for n in ns],
+      [s for s in range(3) for _ in ns],
+  )
+  fig = plots.laws(
+      [
+          dict(label="a", N=ns * 3, S=[10 * (1 + 1000 / n) for _ in range(3) for n in ns], fit=fit),
+          dict(label="b", N=ns, S=[None, 5, 4, 3], fit=dict(error="too few")),
+      ]
+  )
+  (ax,) = fig.axes
+  (line,) = [l for l in ax.get_lines() if l.get_gid() == "fit:a"]
+  x, y = line.get_data()
+  np.testing.assert_allclose(y, fit["S_min"] * (1 + fit["B_crit"] / x))
+  labels = [t.get_text() for t in ax.get_legend().get_texts()]
+  assert any(t.startswith("a: B_crit") for t in labels) and "b (no fit)" in labels
+
+
+def test_rule_ratios_puts_unreached_rules_on_the_top_edge():
+  rows = [dict(rule="sqrt", N=n, ratio=r) for n, r in ((64, 1.1), (256, 1.0))]
+  rows += [dict(rule="linear", N=n, ratio=r) for n, r in ((64, 1.6), (256, math.inf))]
+  (ax,) = plots.rule_ratios(rows).axes
+  labels = [t.get_text() for t in ax.get_legend().get_texts()]
+  assert "linear: target not reached" in labels and "holds below 1.25" in labels
