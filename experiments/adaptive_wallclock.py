@@ -76,10 +76,17 @@ def parse_args(argv=None):
   ap.add_argument(
       "--modelled_seeds", default=None, help="seeds of the modelled runs (default 0,1,2; quick 0)"
   )
+  ap.add_argument(
+      "--modelled_ns",
+      default=None,
+      help="more fixed N (rollouts per round) for the modelled comparison and the switch "
+      "penalty, run with the modelled seeds (default 1024,4096,8192; quick 32)",
+  )
   args = study_runner.parse(ap, argv)
   seeds = lambda s, d: [int(x) for x in (s or d).split(",") if x]
   args.seeds = seeds(args.seeds, "0,1" if args.quick else "0,1,2,3,4")
   args.modelled_seeds = seeds(args.modelled_seeds, "0" if args.quick else "0,1,2")
+  args.modelled_ns = seeds(args.modelled_ns, "32" if args.quick else "1024,4096,8192")
   args.accelerators = [a for a in args.accelerators.split(",") if a]
   for a in args.accelerators:
     try:
@@ -107,8 +114,10 @@ def configs(args):
 
 
 def arms(args, ad, fx):
-  """{arm: (config, overrides per seed)} of part 1, and the modelled
-  adaptive arms of part 2."""
+  """{arm: (config, overrides per seed)} of part 1, and part 2's: the
+  modelled adaptive arms and the fixed arms at ``--modelled_ns`` (rounds
+  to the target do not depend on the machine's load, so these run at the
+  modelled seeds only)."""
   K = fx.batch.rollouts_per_prompt
   default_n = fx.batch.num_prompts * K
   best_n = (4 * K) if args.quick else args.best_n
@@ -120,6 +129,14 @@ def arms(args, ad, fx):
       f"fixed default (N={default_n})": (fx, {"batch.num_prompts": default_n // K}),
   }
   modelled = {f"adaptive {a}": (ad, {"batch.adaptive_round_time": a}) for a in args.accelerators}
+  bad = [n for n in args.modelled_ns if n % K]
+  if bad:
+    raise SystemExit(f"--modelled_ns {bad} are not multiples of K={K}")
+  modelled |= {
+      f"fixed N={n}": (fx, {"batch.num_prompts": n // K})
+      for n in args.modelled_ns
+      if n not in (best_n, default_n)
+  }
   return measured, modelled
 
 
@@ -310,9 +327,11 @@ def main(argv=None):
   mrecs = {a: [] for a in modelled}
   for seed in args.modelled_seeds:
     for arm, (c, over) in modelled.items():
-      acc = over["batch.adaptive_round_time"]
+      acc = over.get("batch.adaptive_round_time")
       row = run(c, dict(over, seed=seed), args.root, grid)
-      mrecs[arm].append(record(row, arm, tgt, models[acc]))
+      mrecs[arm].append(record(row, arm, tgt, models.get(acc)))
+  mfixed = {a: rs for a, rs in mrecs.items() if a.startswith("fixed")}
+  mrecs = {a: rs for a, rs in mrecs.items() if not a.startswith("fixed")}
 
   # ------------------------------------------------------------ part 1 table
   best_arm = next(a for a in measured if a.startswith("fixed best"))
@@ -340,11 +359,12 @@ def main(argv=None):
 
   # ------------------------------------------------------------ the switch penalty
   fixed_by_n = {}
-  for arm, rs in recs.items():
-    if arm.startswith("fixed"):
+  for arm, rs in list(recs.items()) + list(mfixed.items()):
+    if arm.startswith("fixed") and rs:
       fixed_by_n[rs[0]["N_visited"][0]] = rs
-  penalty = switch_penalty(recs["adaptive"], fixed_by_n, main_t)
-  switched = sum(len(set(r["traj"]["N"])) > 1 for r in recs["adaptive"])
+  adaptive_all = recs["adaptive"] + [r for rs in mrecs.values() for r in rs]
+  penalty = switch_penalty(adaptive_all, fixed_by_n, main_t)
+  switched = sum(len(set(r["traj"]["N"])) > 1 for r in adaptive_all)
   penalty_lines = [
       f"- Switch penalty at the new N = {p['N']}: rollouts from the switch to {main_t} over "
       f"what fresh runs at that N needed between the same scores, {p['runs']} runs: "
@@ -355,7 +375,7 @@ def main(argv=None):
       )
       for p in penalty
   ] or [
-      f"- Switch penalty: not measurable ({switched} of {len(recs['adaptive'])} adaptive runs "
+      f"- Switch penalty: not measurable ({switched} of {len(adaptive_all)} adaptive runs "
       "switched before the target to an N with a fixed arm)."
   ]
 
@@ -364,9 +384,12 @@ def main(argv=None):
   for arm, rs in mrecs.items():
     acc = arm.split()[-1]
     fixed = fixed_modelled(
-        [rs for a, rs in recs.items() if a.startswith("fixed")], main_t, models[acc]
+        [rs for a, rs in list(recs.items()) + list(mfixed.items()) if a.startswith("fixed")],
+        main_t,
+        models[acc],
     )
-    means = {N: float(np.mean(v)) for N, v in fixed.items() if v and None not in v}
+    # candidates: every seed reached, and two seeds at least (an interval)
+    means = {N: float(np.mean(v)) for N, v in fixed.items() if len(v) >= 2 and None not in v}
     best_n = min(means, key=means.get) if means else None
     ad_s = val(rs, "modelled_s")
     d = dict(
@@ -413,8 +436,10 @@ def main(argv=None):
           f"{d.get('best fixed s', '–')} s (ratio {d.get('vs best', '–')})"
           for d in mtable
       )
-      + f". Fixed arms: this study's fixed runs, rounds to {main_t} x the modelled round time "
-      "at their N (the same SFT base and evaluation grid as the adaptive runs).",
+      + f". Fixed arms: this study's fixed runs (N = {sorted(fixed_by_n)}), rounds to {main_t} "
+      "x the modelled round time at their N (the same SFT base, rate rule and evaluation grid "
+      "as the adaptive runs). Switch penalty: every adaptive run, measured or modelled, that "
+      "switched to an N with a fixed arm.",
       f"- Command: `{' '.join(['python'] + sys.argv)}`.",
   ]
   out.table(
@@ -424,7 +449,7 @@ def main(argv=None):
       notes="\n".join(notes),
   )
   runs = []
-  for arm, rs in list(recs.items()) + list(mrecs.items()):
+  for arm, rs in list(recs.items()) + list(mrecs.items()) + list(mfixed.items()):
     for r in rs:
       pr = dict(arm=arm, seed=r["seed"], N_visited=" ".join(map(str, r["N_visited"])))
       for k in ("first_round_s", "median_round_s", "calibration_s", "held_for_cost"):
@@ -436,7 +461,7 @@ def main(argv=None):
   _write_csv(out.path("_runs.csv"), runs)
   curves = [
       dict(arm=r["arm"], seed=r["seed"], **{k: v[i] for k, v in r["curve"].items()})
-      for rs in list(recs.values()) + list(mrecs.values())
+      for rs in list(recs.values()) + list(mrecs.values()) + list(mfixed.values())
       for r in rs
       for i in range(len(r["curve"]["round"]))
   ]
@@ -457,12 +482,31 @@ def main(argv=None):
       ),
       out.path("_n.png"),
   )
+  moved = [r for rs in mrecs.values() for r in rs if len(r["N_visited"]) > 1]
+  if moved:  # the first modelled run that switched: where the model took it
+    m0 = moved[0]
+    tr = m0["traj"]
+    plots.save(
+        plots.adaptive_batch(
+            tr["round"],
+            tr["N"],
+            tr["signal"],
+            tr["lo"],
+            tr["hi"],
+            title=f"{m0['arm']} (modelled round times, seed {m0['seed']}); "
+            "dashed: the predicted optimum",
+            signal_label="B_noise (rollouts)",
+            predicted=tr["target"],
+        ),
+        out.path("_n_modelled.png"),
+    )
   out.manifest(
       config=ad,
       wall_seconds=time.time() - t0,
       targets=list(tgt),
       seeds=args.seeds,
       modelled_seeds=args.modelled_seeds,
+      modelled_ns=args.modelled_ns,
       accelerators=args.accelerators,
       arms={a: o for a, (_, o) in measured.items()},
       switch_penalty=penalty,

@@ -56,6 +56,7 @@ FLAGS = {
         "--best_n",
         "--accelerators",
         "--modelled_seeds",
+        "--modelled_ns",
         "--quick",
     ],
     "adaptive_batch": [
