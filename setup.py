@@ -34,8 +34,11 @@ setuptools.setup(
             "hypothesis>=6.80",
             "tokenizers>=0.15",
             "safetensors>=0.4",
-            "pyink==26.5.1",
-        ],  # the formatter (pyproject.toml), pinned: same output
+            "pyink==26.5.1",  # the formatter (pyproject.toml), pinned: same output
+            # CITATION.cff against the Citation File Format schema (tests/test_report.py)
+            "jsonschema>=4",
+            "pyyaml>=6",
+        ],
         "hf": ["tokenizers>=0.15", "safetensors>=0.4"],
         # gs:// workdirs (TPU VMs): epath's Cloud Storage backend (gcsfs)
         "gcs": ["etils[epath-gcs]"],  # Hugging Face checkpoints

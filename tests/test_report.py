@@ -4,10 +4,12 @@ field is checked against an independent source (git, importlib.metadata,
 the library's own __version__, platform, a subprocess's real command line)."""
 
 import csv
+import datetime
 import importlib.metadata
 import json
 import os
 import platform
+import re
 import subprocess
 import sys
 import textwrap
@@ -207,3 +209,50 @@ def test_citation_cff():
     assert all("PLACEHOLDER" in a.get("name", "") for a in ref["authors"])
   for ref in cff["references"]:
     assert ref["type"] and ref["authors"], ref["title"]
+
+
+def _plain_yaml(x):
+  """YAML scalars as the CFF schema sees them (dates as ISO strings)."""
+  if isinstance(x, dict):
+    return {k: _plain_yaml(v) for k, v in x.items()}
+  if isinstance(x, list):
+    return [_plain_yaml(v) for v in x]
+  if isinstance(x, (datetime.date, datetime.datetime)):
+    return x.isoformat()
+  return x
+
+
+def test_citation_cff_validates_against_the_cff_schema():
+  """CITATION.cff against the Citation File Format 1.2.0 JSON schema
+  (tests/data/citation_file_format_1.2.0.schema.json, the schema's own
+  file: https://citation-file-format.github.io/1.2.0/schema.json, as
+  ``cffconvert --validate`` uses it), and a file that breaks it is caught."""
+  yaml = pytest.importorskip("yaml")
+  jsonschema = pytest.importorskip("jsonschema")
+  schema = _read(os.path.join(ROOT, "tests", "data", "citation_file_format_1.2.0.schema.json"))
+  with open(os.path.join(ROOT, "CITATION.cff")) as f:
+    cff = _plain_yaml(yaml.safe_load(f))
+  validator = jsonschema.Draft7Validator(schema, format_checker=jsonschema.FormatChecker())
+  errors = [f"{list(e.path)}: {e.message}" for e in validator.iter_errors(cff)]
+  assert not errors, errors
+  broken = dict(cff, authors=[{"nickname": 3}], **{"cff-version": "1.2"})
+  assert len(list(validator.iter_errors(broken))) >= 2
+
+
+def test_one_repository_url_everywhere():
+  """The Colab badge (README and notebook), the notebook's install source
+  and CITATION.cff's repository-code name the same repository."""
+  yaml = pytest.importorskip("yaml")
+  with open(os.path.join(ROOT, "CITATION.cff")) as f:
+    url = yaml.safe_load(f)["repository-code"].rstrip("/")
+  slug = url.removeprefix("https://github.com/")
+  badge = f"https://colab.research.google.com/github/{slug}/blob/main/colab/cbs_jax_tour.ipynb"
+  for path in ("README.md", "colab/cbs_jax_tour.ipynb", "colab/cbs_jax_tour.py"):
+    with open(os.path.join(ROOT, path)) as f:
+      text = f.read()
+    assert badge in text, path
+  with open(os.path.join(ROOT, "colab", "cbs_jax_tour.py")) as f:
+    assert f'REPO_URL = "{url}"' in f.read()
+  with open(os.path.join(ROOT, "README.md")) as f:
+    clones = re.findall(r"git clone (\S+)", f.read())
+  assert clones and all(c.removesuffix(".git") == url for c in clones), clones
