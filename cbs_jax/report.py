@@ -162,6 +162,15 @@ def missing_manifests(root: str = "experiments/results") -> list[str]:
   )
 
 
+def csv_cells(row: dict) -> dict:
+  """``row`` with every cell that has a ``columns(name)`` method (an
+  interval: ``stats.Estimate``) spread into its numeric columns."""
+  out = {}
+  for k, v in row.items():
+    out |= v.columns(k) if hasattr(v, "columns") else {k: v}
+  return out
+
+
 def markdown_table(rows: Sequence[dict], columns: Sequence[str], fmt: dict | None = None) -> str:
   """A GitHub markdown table of ``rows`` (dicts) over ``columns``; ``fmt``
   maps a column to a format spec (default: 4 significant digits for floats)."""
@@ -204,12 +213,15 @@ class Results:
       echo: bool = True,
   ) -> str:
     """Write ``<name>.csv`` (all columns of the rows) and ``<name>.md``
-    (``columns``, ``title``, ``notes``); print and return the markdown."""
-    keys = list(dict.fromkeys(k for r in rows for k in r))
+    (``columns``, ``title``, ``notes``); print and return the markdown. A
+    cell with a ``columns(name)`` method (``stats.Estimate``) is written to
+    the CSV as its numeric columns and to the markdown as its text."""
+    flat = [csv_cells(r) for r in rows]
+    keys = list(dict.fromkeys(k for r in flat for k in r))
     buf = io.StringIO(newline="")
     w = csv.DictWriter(buf, fieldnames=keys)
     w.writeheader()
-    for r in rows:
+    for r in flat:
       w.writerow({k: json.dumps(v) if isinstance(v, (list, dict)) else v for k, v in r.items()})
     paths.write_atomic(self.path(".csv"), buf.getvalue())
     md = (f"# {title}\n\n" if title else "") + markdown_table(rows, columns, fmt)

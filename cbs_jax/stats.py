@@ -23,7 +23,9 @@ general pieces (numpy and scipy.stats only):
   side away from zero when the denominator is barely resolved).
 * ``t_quantile_like``: the Student-t quantile of the same coverage as a
   normal quantile z, for intervals whose variances are estimated.
-* ``fmt``: ``value +- se`` / ``[lo, hi]`` formatting used in tables.
+* ``fmt``: ``value +- se`` / ``[lo, hi]`` formatting used in tables;
+  ``Estimate``: a table cell that prints as ``fmt`` does and is written to
+  CSV as numeric columns (``report.Results.table``).
 """
 
 from __future__ import annotations
@@ -192,6 +194,31 @@ def t_quantile_like(z: float, dof: float) -> float:
   if math.isinf(dof):
     return float(z)
   return float(sps.t.ppf(sps.norm.cdf(z), dof))
+
+
+@dataclasses.dataclass(frozen=True)
+class Estimate:
+  """A value with its interval [lo, hi] or its standard error ``se``, as a
+  table cell: ``str()`` is ``fmt``'s text (markdown), ``columns(name)``
+  the numeric CSV columns ``name``, ``name_lo``, ``name_hi`` (or
+  ``name_se``), so that a CSV holds numbers, never "6.37 ± 0.383"."""
+
+  value: float | None
+  lo: float | None = None
+  hi: float | None = None
+  se: float | None = None
+  digits: int = 3
+
+  def __str__(self) -> str:
+    return fmt(self.value, self.lo, self.hi, self.se, self.digits)
+
+  def columns(self, name: str) -> dict:
+    out = {name: self.value}
+    if self.lo is not None or self.hi is not None:
+      out |= {f"{name}_lo": self.lo, f"{name}_hi": self.hi}
+    if self.se is not None:
+      out[f"{name}_se"] = self.se
+    return out
 
 
 def fmt(value, lo=None, hi=None, se=None, digits: int = 3) -> str:

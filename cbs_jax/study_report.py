@@ -49,8 +49,8 @@ def summary_table(
     d = {k: r.get(k) for k in cols}
     for t in targets:
       t = float(t)
-      d[f"S@{t} ({x_label})"] = stats.fmt(r[f"{x}@{t}"], r[f"{x}@{t}_lo"], r[f"{x}@{t}_hi"])
-      d[f"E@{t} (rollouts)"] = stats.fmt(
+      d[f"S@{t} ({x_label})"] = stats.Estimate(r[f"{x}@{t}"], r[f"{x}@{t}_lo"], r[f"{x}@{t}_hi"])
+      d[f"E@{t} (rollouts)"] = stats.Estimate(
           r[f"rollouts@{t}"], r[f"rollouts@{t}_lo"], r[f"rollouts@{t}_hi"]
       )
       d[f"reached@{t}"] = f"{r[f'reached@{t}']}/{r['seeds']}"

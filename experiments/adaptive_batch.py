@@ -366,7 +366,7 @@ def main(argv=None):
       )
       for x, lab in xs:
         iv = study.seed_interval([r["to_target"][t][x] for r in recs], LEVEL)
-        d[f"{lab}@{t}"] = stats.fmt(iv["mean"], iv["lo"], iv["hi"])
+        d[f"{lab}@{t}"] = stats.Estimate(iv["mean"], iv["lo"], iv["hi"])
     vals = lambda rs: [r["to_target"][main_t][x_main] for r in rs]
     for ref_name, ref, thr, better in (
         ("best", ref_best, NEAR, "within 10% of the best"),
@@ -376,7 +376,7 @@ def main(argv=None):
         d[f"vs {ref_name}"] = "–"
         continue
       rr, lo, hi = stats.ratio_of_means_interval(vals(recs), vals(ref), LEVEL)
-      d[f"vs {ref_name}"] = stats.fmt(rr, lo, hi) if rr is not None else "–"
+      d[f"vs {ref_name}"] = stats.Estimate(rr, lo, hi) if rr is not None else None
       if name.startswith("adaptive"):
         verdicts.append(
             f"- {name} vs fixed {ref_name}: {x_main}-to-{main_t} ratio "

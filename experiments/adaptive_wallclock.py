@@ -346,10 +346,10 @@ def main(argv=None):
       d[f"reached@{t}"] = f"{sum(r['to'][t]['rounds'] is not None for r in rs)}/{len(rs)}"
       for x, lab in (("rollouts", "rollouts"), ("seconds", "wall s")):
         iv = study.seed_interval(val(rs, x) if t == main_t else [r["to"][t][x] for r in rs], LEVEL)
-        d[f"{lab}@{t}"] = stats.fmt(iv["mean"], iv["lo"], iv["hi"])
+        d[f"{lab}@{t}"] = stats.Estimate(iv["mean"], iv["lo"], iv["hi"])
     for ref, thr, lab in ((best_arm, NEAR, "vs best"), (default_arm, 1.0, "vs default")):
       r_, lo, hi = stats.ratio_of_means_interval(val(rs, "seconds"), val(recs[ref], "seconds"))
-      d[lab] = stats.fmt(r_, lo, hi) if r_ is not None else "–"
+      d[lab] = stats.Estimate(r_, lo, hi) if r_ is not None else None
       if arm == "adaptive":
         verdicts.append(
             f"- adaptive vs {ref}: measured seconds-to-{main_t} ratio {d[lab]} "
@@ -397,13 +397,13 @@ def main(argv=None):
         adaptive_N=" ".join(str(n) for n in sorted({n for r in rs for n in r["N_visited"]})),
     )
     iv = study.seed_interval(ad_s, LEVEL)
-    d["adaptive s"] = stats.fmt(iv["mean"], iv["lo"], iv["hi"])
+    d["adaptive s"] = stats.Estimate(iv["mean"], iv["lo"], iv["hi"])
     d["best fixed N"] = best_n if best_n else "–"
     if best_n:
       ivb = study.seed_interval(fixed[best_n], LEVEL)
-      d["best fixed s"] = stats.fmt(ivb["mean"], ivb["lo"], ivb["hi"])
+      d["best fixed s"] = stats.Estimate(ivb["mean"], ivb["lo"], ivb["hi"])
       r_, lo, hi = stats.ratio_of_means_interval(ad_s, fixed[best_n])
-      d["vs best"] = stats.fmt(r_, lo, hi) if r_ is not None else "–"
+      d["vs best"] = stats.Estimate(r_, lo, hi) if r_ is not None else None
       verdicts.append(
           f"- modelled {acc}: adaptive vs best fixed N={best_n} under the same model: "
           f"{d['vs best']} -> {verdict(r_, lo, hi, NEAR)}"

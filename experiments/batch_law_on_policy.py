@@ -197,9 +197,9 @@ def main(argv=None):
             [
                 dict(
                     r,
-                    b_noise=stats.fmt(r["b_noise"], se=r["b_noise_se"]),
-                    b_noise_adam=stats.fmt(r.get("b_noise_adam"), se=r.get("b_noise_adam_se")),
-                    ratio=stats.fmt(r["ratio"], se=r["ratio_se"]),
+                    b_noise=stats.Estimate(r["b_noise"], se=r["b_noise_se"]),
+                    b_noise_adam=stats.Estimate(r.get("b_noise_adam"), se=r.get("b_noise_adam_se")),
+                    ratio=stats.Estimate(r["ratio"], se=r["ratio_se"]),
                 )
                 for r in noise_rows
             ],

@@ -133,7 +133,7 @@ def main(argv=None):
     d["plateaued"] = f"{sum(r['plateau'] == 'plateaued' for r in rs)}/{len(rs)}"
     for k in ("kappa_mean", "kappa_final", "clip_frac", "final_pass"):
       iv = study.seed_interval([r[k] for r in rs])
-      d[k] = stats.fmt(iv["mean"], iv["lo"], iv["hi"])
+      d[k] = stats.Estimate(iv["mean"], iv["lo"], iv["hi"])
       d[f"{k}_raw"] = iv
     table.append(d)
   paired = []

@@ -167,12 +167,12 @@ def main(argv=None):
           m=r["m"],
           j=r["j"],
           rounds=r["rounds"],
-          kappa=stats.fmt(r["kappa"], se=r["kappa_se"]),
-          inflation=stats.fmt(r["inflation"], se=r["inflation_se"]),
-          trace_intra=stats.fmt(r["trace_intra"], se=r["trace_intra_se"]),
-          trace_inter=stats.fmt(r["trace_inter"], se=r["trace_inter_se"]),
-          g2=stats.fmt(r["g2"], se=r["g2_se"]),
-          b_noise=stats.fmt(r["b_noise"], se=r["b_noise_se"]),
+          kappa=stats.Estimate(r["kappa"], se=r["kappa_se"]),
+          inflation=stats.Estimate(r["inflation"], se=r["inflation_se"]),
+          trace_intra=stats.Estimate(r["trace_intra"], se=r["trace_intra_se"]),
+          trace_inter=stats.Estimate(r["trace_inter"], se=r["trace_inter_se"]),
+          g2=stats.Estimate(r["g2"], se=r["g2_se"]),
+          b_noise=stats.Estimate(r["b_noise"], se=r["b_noise_se"]),
           clip_frac=r["clip_frac"],
       )
       for r in table

@@ -372,11 +372,9 @@ def analyse(args, recs, tgt, lr0, ref, t_start):
               rates=" ".join(f"{v:.3g}" for v in row["lrs"]),
               best_lr=row["best_lr"],
               bracketed=row["bracketed"],
-              E=stats.fmt(row["best"], row["lo"], row["hi"]),
-              S=stats.fmt(s["best"], s["lo"], s["hi"]),
+              E=stats.Estimate(row["best"], row["lo"], row["hi"]),
+              S=stats.Estimate(s["best"], s["lo"], s["hi"]),
               E_star=row["best"],
-              E_lo=row["lo"],
-              E_hi=row["hi"],
               status=row["status"],
           )
       )
@@ -527,10 +525,10 @@ def _b_cells(prefix: str, f: dict) -> dict:
 
 def _ratio_cell(num: dict, den: dict) -> dict:
   if "error" in num or "error" in den:
-    return dict(ratio=None, ratio_lo=None, ratio_hi=None, ratio_ci="–")
+    return dict(ratio=None)
   lo, hi = batch_law_lib.bootstrap_ratio_interval(num["boot_B_crit"], den["boot_B_crit"])
   r = num["B_crit"] / den["B_crit"]
-  return dict(ratio=r, ratio_lo=lo, ratio_hi=hi, ratio_ci=stats.fmt(r, lo, hi))
+  return dict(ratio=stats.Estimate(r, lo, hi))
 
 
 def _mean_cell(runs, key) -> float | None:
@@ -634,7 +632,7 @@ def analyse_arm(args, arm, recs, on_recs, tgt, t_start):
           f"- Command: `{' '.join(['python'] + sys.argv)}`.",
       ]
   )
-  cols = ["target", "points", "on", arm, "ratio_ci"] + (
+  cols = ["target", "points", "on", arm, "ratio"] + (
       ["reached_in_warmup"] if arm == "warmup5" else []
   )
   md = out.table(table, cols, title=f"The batch-size law, {arm} vs the envelope", notes=notes)

@@ -136,7 +136,7 @@ def main(argv=None):
               rule=rule,
               N=N,
               lr=oc.lr * lr_rules.lr_scale(rule, N, oc.ref_batch),
-              E=stats.fmt(e["mean"], e["lo"], e["hi"]),
+              E=stats.Estimate(e["mean"], e["lo"], e["hi"]),
               E_ratio=ratio,
               holds=None if ratio is None else ("yes" if ratio <= HOLDS else "no"),
               distance=curve_distance(mc[N], mc.get(ref_n, mc[ns[0]])),

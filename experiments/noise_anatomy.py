@@ -166,10 +166,10 @@ def main(argv=None):
   show = [
       dict(
           r,
-          ratio=stats.fmt(r["ratio"], se=r["ratio_se"]),
-          b_intra=stats.fmt(r["b_intra"], se=r["b_intra_se"]),
-          b_inter=stats.fmt(r["b_inter"], se=r["b_inter_se"]),
-          b_noise=stats.fmt(r["b_noise"], se=r["b_noise_se"]),
+          ratio=stats.Estimate(r["ratio"], se=r["ratio_se"]),
+          b_intra=stats.Estimate(r["b_intra"], se=r["b_intra_se"]),
+          b_inter=stats.Estimate(r["b_inter"], se=r["b_inter_se"]),
+          b_noise=stats.Estimate(r["b_noise"], se=r["b_noise_se"]),
       )
       for r in table
   ]

@@ -116,8 +116,8 @@ def main(argv=None):
             stage=label,
             round=results[label]["round"],
             reward=results[label]["reward_mean"],
-            **{k: stats.fmt(e[k], se=e[k + "_se"]) for k in KEYS},
-            b_noise_adam=stats.fmt(a["b_noise"], se=a["b_noise_se"]) if a else None,
+            **{k: stats.Estimate(e[k], se=e[k + "_se"]) for k in KEYS},
+            b_noise_adam=stats.Estimate(a["b_noise"], se=a["b_noise_se"]) if a else None,
             flag=e["flag"] or "",
         )
     )

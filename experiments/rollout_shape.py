@@ -107,11 +107,13 @@ def main(argv=None):
     d = dict(N=r["N"], K=r["K"], P=r["P"], seeds=r["seeds"])
     for t in tgt:
       t = float(t)
-      d[f"S@{t} (rounds)"] = stats.fmt(r[f"rounds@{t}"], r[f"rounds@{t}_lo"], r[f"rounds@{t}_hi"])
+      d[f"S@{t} (rounds)"] = stats.Estimate(
+          r[f"rounds@{t}"], r[f"rounds@{t}_lo"], r[f"rounds@{t}_hi"]
+      )
       d[f"reached@{t}"] = f"{r[f'reached@{t}']}/{r['seeds']}"
     e = noise.get(r["K"])
     if e is not None:
-      d["B_noise(K) at base"] = stats.fmt(e.b_noise, se=e.b_noise_se)
+      d["B_noise(K) at base"] = stats.Estimate(e.b_noise, se=e.b_noise_se)
       d["K B_inter / B_noise"] = (
           r["K"] * e.b_inter / e.b_noise if e.b_noise and e.b_noise == e.b_noise else None
       )

@@ -178,8 +178,8 @@ def main(argv=None):
         gen_s=thr[i]["gen_seconds"],
         update_s=thr[i]["update_seconds"],
         vs_roofline=thr[i]["vs_roofline"],
-        E=stats.fmt(e["mean"], e["lo"], e["hi"]),
-        T_pred=stats.fmt(
+        E=stats.Estimate(e["mean"], e["lo"], e["hi"]),
+        T_pred=stats.Estimate(
             T,
             None if e["lo"] is None else e["lo"] / rate[N],
             None if e["hi"] is None else e["hi"] / rate[N],

@@ -256,3 +256,27 @@ def test_one_repository_url_everywhere():
   with open(os.path.join(ROOT, "README.md")) as f:
     clones = re.findall(r"git clone (\S+)", f.read())
   assert clones and all(c.removesuffix(".git") == url for c in clones), clones
+
+
+def test_interval_cells_are_numeric_columns_in_the_csv_and_text_in_the_markdown(tmp_path):
+  from cbs_jax import stats  # pylint: disable=import-outside-toplevel
+
+  out = report.Results("demo", root=str(tmp_path))
+  rows = [
+      dict(N=64, E=stats.Estimate(1.4e4, 1.16e4, 1.62e4), ratio=stats.Estimate(5.38, se=0.28)),
+      dict(N=128, E=stats.Estimate(1.56e4, 1.38e4, 1.73e4), ratio=None),
+  ]
+  md = out.table(rows, ["N", "E", "ratio"], echo=False)
+  assert "| 64 | 1.4e+04 [1.16e+04, 1.62e+04] | 5.38 ± 0.28 |" in md
+  assert "| 128 | 1.56e+04 [1.38e+04, 1.73e+04] | – |" in md
+  with open(out.path(".csv")) as f:
+    got = list(csv.DictReader(f))
+  assert list(got[0]) == ["N", "E", "E_lo", "E_hi", "ratio", "ratio_se"]
+  assert [float(got[0][k]) for k in ("E", "E_lo", "E_hi", "ratio", "ratio_se")] == [
+      1.4e4,
+      1.16e4,
+      1.62e4,
+      5.38,
+      0.28,
+  ]
+  assert got[1]["ratio"] == "" and float(got[1]["E_hi"]) == 1.73e4
