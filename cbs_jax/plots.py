@@ -837,6 +837,47 @@ def rule_ratios(rows: Sequence[Mapping[str, Any]], bar: float = 1.25, title=None
   return fig
 
 
+def xy_series(
+    series: Sequence[Mapping[str, Any]],
+    xlabel: str,
+    ylabel: str,
+    hlines: Mapping[str, float] | None = None,
+    title=None,
+    log: bool = True,
+) -> Figure:
+  """Several y(x) series on one axes (log-log unless ``log`` is False),
+  each ``label``, ``x``, ``y`` and optional ``yerr`` (error bars, e.g. one
+  SE), in its own style; ``hlines``: labelled horizontal reference lines
+  (e.g. a published value)."""
+  fig, (ax,) = _new(1, size=(6.4, 4.0))
+  for i, s in enumerate(series):
+    st = style(i)
+    x, y = _arr(s["x"]), _arr(s["y"])
+    yerr = _arr(s["yerr"]) if s.get("yerr") is not None else None
+    ax.errorbar(
+        x,
+        y,
+        yerr=yerr,
+        marker=st["marker"],
+        linestyle=st["linestyle"],
+        color=st["color"],
+        capsize=2,
+        label=s["label"],
+    )
+  for j, (label, v) in enumerate((hlines or {}).items()):
+    ax.axhline(v, color="0.35", linewidth=0.9, linestyle=LINESTYLES[(j + 1) % 7], label=label)
+  if log:
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+  ax.set_xlabel(xlabel)
+  ax.set_ylabel(ylabel)
+  ax.grid(True, which="major", linewidth=0.3, color="0.8")
+  _legend(ax)
+  if title:
+    ax.set_title(title, fontsize=9)
+  return fig
+
+
 def save(fig: Figure, path: str, dpi: int = DPI) -> str:
   """Write ``fig`` to ``path`` as a PNG at ``dpi`` and close it; returns
   the path."""

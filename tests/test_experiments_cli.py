@@ -26,6 +26,15 @@ FLAGS = {
     "throughput_decision": ["--on_root", "--root", "--out", "--repeats", "--measure", "--quick"],
     "noise_anatomy": ["--root", "--out", "--variants", "--batches", "--quick"],
     "drift_noise": ["--root", "--out", "--reuse", "--arms", "--quick"],
+    "drift_regime": [
+        "--root",
+        "--out",
+        "--workers",
+        "--epochs",
+        "--lr_scales",
+        "--rounds",
+        "--quick",
+    ],
     "clipping_ablation": ["--root", "--out", "--variants", "--quick"],
     "noise_over_training": [
         "--workdir",
@@ -174,6 +183,12 @@ CHAINS = {
             ["noise_anatomy.md", "noise_anatomy.csv", "noise_anatomy.png", "manifest.json"],
         ),
         ("drift_noise", [], ["drift_noise.md", "drift_noise_fits.json", "manifest.json"]),
+        # the kappa pilot, from drift_noise's SFT base
+        (
+            "drift_regime",
+            ["--root={out}/runs_drift_noise"],
+            ["drift_regime.md", "drift_regime.csv", "drift_regime.png", "manifest.json"],
+        ),
         (
             "clipping_ablation",
             ["--variants=clip0.2,clip10"],
