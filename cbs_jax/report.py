@@ -51,13 +51,33 @@ MANIFEST_KEYS = (
 )
 
 
-def _git(*args: str) -> str | None:
-  here = os.path.dirname(os.path.abspath(__file__))
+RESULTS_DIR = "experiments/results"  # committed study results (left out of git_dirty)
+
+
+def _git(*args: str, cwd: str | None = None) -> str | None:
+  here = cwd or os.path.dirname(os.path.abspath(__file__))
   try:
     out = subprocess.run(["git", *args], cwd=here, capture_output=True, text=True, timeout=10)
   except (OSError, subprocess.SubprocessError):
     return None
   return out.stdout.strip() if out.returncode == 0 else None
+
+
+def git_dirty(cwd: str | None = None) -> bool | None:
+  """Whether a tracked file of the checkout (of this package, or ``cwd``'s)
+  differs from HEAD, the committed results under ``RESULTS_DIR`` left out: a
+  study rewriting its own results while it runs has not changed the code
+  that made them. None outside a git checkout."""
+  status = _git(
+      "status",
+      "--porcelain",
+      "--untracked-files=no",
+      "--",
+      ":(top)",
+      f":(top,exclude){RESULTS_DIR}",
+      cwd=cwd,
+  )
+  return None if status is None else bool(status)
 
 
 ISA_PREFIXES = ("avx", "fma", "f16c", "amx", "sse4", "bmi", "vaes", "vpclmul", "gfni")
@@ -106,10 +126,9 @@ def provenance() -> dict:
     backend = jax.default_backend()
   except Exception as e:  # a manifest must never fail on a device query
     devices, backend = [f"unavailable: {e}"], None
-  status = _git("status", "--porcelain", "--untracked-files=no")
   return dict(
       git_commit=_git("rev-parse", "HEAD"),
-      git_dirty=None if status is None else bool(status),
+      git_dirty=git_dirty(),
       versions=versions,
       python=sys.version.split()[0],
       platform=platform.platform(),

@@ -10,6 +10,7 @@ import json
 import os
 import platform
 import re
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -82,7 +83,15 @@ def test_manifest_records_everything(tmp_path):
   assert doc["git_commit"] == head
   dirty = (
       subprocess.run(
-          ["git", "status", "--porcelain", "--untracked-files=no"],
+          [
+              "git",
+              "status",
+              "--porcelain",
+              "--untracked-files=no",
+              "--",
+              ":(top)",
+              ":(top,exclude)experiments/results",
+          ],
           cwd=ROOT,
           capture_output=True,
           text=True,
@@ -280,3 +289,22 @@ def test_interval_cells_are_numeric_columns_in_the_csv_and_text_in_the_markdown(
       0.28,
   ]
   assert got[1]["ratio"] == "" and float(got[1]["E_hi"]) == 1.73e4
+
+
+def test_git_dirty_ignores_the_committed_results_a_study_rewrites(tmp_path):
+  if shutil.which("git") is None:
+    pytest.skip("no git")
+  git = lambda *a: subprocess.run(["git", *a], cwd=tmp_path, check=True, capture_output=True)
+  git("init", "-q")
+  (tmp_path / "experiments" / "results" / "x").mkdir(parents=True)
+  (tmp_path / "code.py").write_text("a = 1\n")
+  (tmp_path / "experiments" / "results" / "x" / "x.md").write_text("old\n")
+  git("add", ".")
+  git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "init")
+  assert report.git_dirty(str(tmp_path)) is False
+  (tmp_path / "experiments" / "results" / "x" / "x.md").write_text("new\n")
+  (tmp_path / "untracked.py").write_text("b = 2\n")
+  assert report.git_dirty(str(tmp_path / "experiments")) is False  # from a subfolder too
+  (tmp_path / "code.py").write_text("a = 2\n")
+  assert report.git_dirty(str(tmp_path)) is True
+  assert report.git_dirty(str(tmp_path.parent / "nowhere")) is None
