@@ -57,7 +57,9 @@ def signal_interval(
   """The controller's signal (rollouts) and its interval from the trackers'
   intervals (``noise_tracker.NoiseEMA.interval``: dicts with b_noise, se, lo, hi,
   resolved): ``raw`` for b_noise and b_crit (times ``b_crit_ratio``),
-  ``adam`` for b_noise_adam. Returns ``dict(value, se, lo, hi, resolved)``."""
+  ``adam`` for b_noise_adam. Returns ``dict(value, se, lo, hi, resolved,
+  floor)`` (``floor``: the one-sided lower bound, 0 when the tracker has
+  none)."""
   if kind not in SIGNALS:
     raise ValueError(f"adaptive_signal={kind!r} is not one of {list(SIGNALS)}")
   src, scale = raw, 1.0
@@ -81,6 +83,7 @@ def signal_interval(
       lo=mul(float(src["lo"])),
       hi=mul(float(src["hi"])),
       resolved=bool(src["resolved"]),
+      floor=mul(float(src.get("floor", 0.0))),
   )
 
 
@@ -121,7 +124,13 @@ class AdaptiveBatch:
   B = lo / h and at B = hi h (the interval widened by ``hysteresis``) lie on
   the same side of the current bucket, to the optimum at the point value.
   The optimum does not decrease in B, so a flat signal whose interval
-  contains its own value cannot make N oscillate either. With measured
+  contains its own value cannot make N oscillate either. Before the signal
+  resolves, its one-sided bound B >= floor (the tracker's ``floor``) can
+  move N up, never down: when the optimum at B = floor / h and as B -> inf
+  both lie above the current bucket, every B the evidence allows wants a
+  larger batch, and it moves to the optimum at the bound
+  (``_update_on_floor``; a launch-bound accelerator, whose round time is
+  nearly flat in N, leaves a small N this way within a decision or two). With measured
   round times, a move to a batch size not yet run must also repay its
   compile within the training time spent so far
   (``time_optimal.repays``); ``held_for_cost`` counts the decisions it
@@ -209,7 +218,7 @@ class AdaptiveBatch:
   def _update_time(self, rnd: int, signal: dict, value: float) -> int:
     self.target = math.nan
     if not signal["resolved"]:
-      return self.prompts
+      return self._update_on_floor(rnd, signal.get("floor", 0.0))
     f, h = self.factor, self.hysteresis
     try:
       self.target = float(self.best_prompts(f * value))
@@ -228,6 +237,34 @@ class AdaptiveBatch:
           self.held_for_cost += 1
           return self.prompts
       self._move(new)
+    return self.prompts
+
+  def _update_on_floor(self, rnd: int, floor: float) -> int:
+    """An unresolved signal that still bounds B from below (``floor``: B
+    >= floor): the optimum does not decrease in B, so when it lies above
+    the current bucket both at B = floor / hysteresis and as B -> inf,
+    every B the evidence allows agrees that a larger batch is faster; move
+    to the optimum at the bound (the least such batch). This is what lets a
+    run whose round time is nearly flat in N (launch-bound accelerators)
+    leave a small N before |G|^2 is resolved."""
+    f, h = self.factor, self.hysteresis
+    if not (self.decides(rnd) and floor > 0 and math.isfinite(floor)):
+      return self.prompts
+    try:
+      lo = self.best_prompts(f * floor / h)
+      top = self.best_prompts(math.inf)
+    except ValueError:  # no round time measured yet and no model: hold
+      return self.prompts
+    cur = self.prompts
+    if lo > cur and top > cur:
+      rt = self.round_times
+      if isinstance(rt, time_optimal.RoundTimes) and lo * self.K not in rt.measured():
+        t = lambda p: time_optimal.relative_time(p * self.K, f * floor / h, rt(p * self.K))
+        if not time_optimal.repays(t(cur), t(lo), rt.total, rt.compile_cost()):
+          self.held_for_cost += 1
+          return self.prompts
+      self.target = float(lo)
+      self._move(lo)
     return self.prompts
 
   def _move(self, new: int) -> None:

@@ -109,12 +109,25 @@ class NoiseEMA:
     When N changes between rounds (the adaptive controller), rounds still
     carry equal EMA weights and the scatter mixes their variances: the SE
     is then an approximation, exact at constant N.
-    Returns ``dict(b_noise, se, lo, hi, resolved, n_eff, z)`` (``z``: the
-    widened quantile used).
+    ``floor`` is the one-sided bound B_noise >= floor at the same level
+    (``stats.fieller_lower_bound``: |G|^2 >= 0), which exists once the
+    numerator is resolved even while |G|^2 is not (``lo`` is 0 there); where
+    the interval is bounded it equals ``lo``.
+    Returns ``dict(b_noise, se, lo, hi, resolved, n_eff, z, floor)`` (``z``:
+    the widened quantile used).
     """
     m, W = self.moments, self.weight
     if self.count < 3 or W <= 0 or m["w2"] <= 0:
-      return dict(b_noise=_NAN, se=_NAN, lo=0.0, hi=math.inf, resolved=False, n_eff=0.0, z=math.inf)
+      return dict(
+          b_noise=_NAN,
+          se=_NAN,
+          lo=0.0,
+          hi=math.inf,
+          resolved=False,
+          n_eff=0.0,
+          z=math.inf,
+          floor=0.0,
+      )
     mt, mg = m["t"] / W, m["g"] / W
     n_eff = W * W / m["w2"]
     corr = n_eff / max(n_eff - 1.0, 1e-12)  # unbiased weighted (co)variances
@@ -124,6 +137,8 @@ class NoiseEMA:
     ctg = (m["tg"] / W - mt * mg) * corr / n_eff
     ctg = max(-math.sqrt(vt * vg), min(ctg, math.sqrt(vt * vg)))  # a valid covariance
     se_g = math.sqrt(vg)
+    # a one-sided bound B >= floor (|G|^2 >= 0), also where G is not resolved
+    floor = stats.fieller_lower_bound(mt, mg, vt, vg, ctg, z)
     if not mg > z * se_g:
       return dict(
           b_noise=mt / mg if mg > 0 else _NAN,
@@ -133,13 +148,21 @@ class NoiseEMA:
           resolved=False,
           n_eff=n_eff,
           z=z,
+          floor=floor,
       )
     r = mt / mg
     var_r = (vt - 2 * r * ctg + r * r * vg) / (mg * mg)
     se = math.sqrt(max(var_r, 0.0))
     lo, hi = stats.fieller_interval(mt, mg, vt, vg, ctg, z)  # bounded: G resolved
     return dict(
-        b_noise=r, se=se, lo=max(min(lo, r), 0.0), hi=max(hi, r), resolved=True, n_eff=n_eff, z=z
+        b_noise=r,
+        se=se,
+        lo=max(min(lo, r), 0.0),
+        hi=max(hi, r),
+        resolved=True,
+        n_eff=n_eff,
+        z=z,
+        floor=max(min(lo, r), 0.0),
     )
 
   def state_dict(self) -> dict[str, float]:

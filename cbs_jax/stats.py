@@ -179,6 +179,28 @@ def fieller_interval(
   return (b - half) / a, (b + half) / a
 
 
+def fieller_lower_bound(
+    num: float, den: float, var_num: float, var_den: float, cov: float, z: float
+) -> float:
+  """The least ratio r >= 0 in Fieller's set (``fieller_interval``) when the
+  true denominator is known to be >= 0 (a squared norm): a one-sided bound
+  that exists even where the denominator is not resolved. With a = den^2 -
+  z^2 var_den <= 0 the set is the line less an interval around a negative
+  ratio (or the whole line); when the numerator is resolved (c = num^2 - z^2
+  var_num > 0, so r = 0 is rejected) its part on r >= 0 is [r+, inf), r+
+  the positive root of a r^2 - 2 b r + c. Returns 0 where r = 0 is not
+  rejected, and the interval's lower end (clipped at 0) where a > 0."""
+  z2 = z * z
+  a, b, c = den * den - z2 * var_den, num * den - z2 * cov, num * num - z2 * var_num
+  if a > 0:
+    return max(fieller_interval(num, den, var_num, var_den, cov, z)[0], 0.0)
+  if not c > 0:
+    return 0.0
+  if a == 0:  # linear: -2 b r + c <= 0
+    return c / (2 * b) if b > 0 else math.inf
+  return (b - math.sqrt(b * b - a * c)) / a  # a < 0 < c: the roots have opposite signs
+
+
 def t_quantile_like(z: float, dof: float) -> float:
   """The Student-t quantile with ``dof`` degrees of freedom at the coverage of
   the normal quantile ``z``: F_t^-1(Phi(z); dof) (z = 2 -> t_{0.977, dof}).

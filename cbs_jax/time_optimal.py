@@ -48,10 +48,14 @@ def relative_time(n: float, b: float, round_s: float) -> float:
 
 
 def best_n(ns: Sequence[int], b: float, round_time: Callable[[int], float]) -> int:
-  """The N of ``ns`` with the least ``relative_time`` (ties: the smaller N)."""
+  """The N of ``ns`` with the least ``relative_time`` (ties: the smaller N);
+  as ``b`` -> inf, the least seconds per rollout ``round_time(n) / n``."""
   if not len(ns):
     raise ValueError("best_n needs at least one batch size")
-  t = [relative_time(n, b, round_time(n)) for n in ns]
+  if math.isinf(b):
+    t = [round_time(n) / n for n in ns]
+  else:
+    t = [relative_time(n, b, round_time(n)) for n in ns]
   return int(ns[int(np.argmin(t))])
 
 

@@ -87,3 +87,31 @@ def test_t_quantile_like_edge_cases():
   assert stats.t_quantile_like(2.0, math.inf) == 2.0
   qs = [stats.t_quantile_like(2.0, d) for d in (1, 1.5, 2, 3, 10, 100, 1e6)]
   assert all(a > b for a, b in zip(qs, qs[1:])) and qs[-1] == pytest.approx(2.0, rel=1e-5)
+
+
+UNRESOLVED_DEN = [
+    (5.0, 0.2, 0.5, 0.04, 0.01, 2.0),  # numerator resolved, denominator not
+    (300.0, 0.5, 900.0, 0.3, -2.0, 2.0),
+    (2.0, 0.0, 0.3, 0.5, 0.0, 2.0),  # denominator estimate exactly 0
+]
+
+
+@pytest.mark.parametrize("args", UNRESOLVED_DEN + RESOLVED[:2])
+def test_fieller_lower_bound_is_the_least_unrejected_nonnegative_ratio(args):
+  """The bound against a grid scan of Fieller's set on r >= 0: the least
+  ratio the test does not reject, and every larger ratio up to far out is
+  not rejected either where the denominator is unresolved."""
+  num, den, var_num, var_den, cov, z = args
+  b = stats.fieller_lower_bound(*args)
+  assert 0 < b < math.inf
+  span = 50 * b
+  inside, step = _scan(*args, 0.0, span)
+  assert inside[0] == pytest.approx(b, abs=2 * step)
+  if den * den <= z * z * var_den:  # unbounded above on r >= 0
+    assert inside[-1] == pytest.approx(span)
+    assert np.all(np.diff(inside) < 1.5 * step)
+
+
+def test_fieller_lower_bound_is_zero_when_zero_is_not_rejected():
+  assert stats.fieller_lower_bound(0.1, 0.2, 1.0, 0.04, 0.0, 2.0) == 0.0  # num unresolved
+  assert stats.fieller_lower_bound(0.1, 1.0, 1.0, 0.01, 0.0, 2.0) == 0.0  # lo < 0, clipped

@@ -275,3 +275,59 @@ def test_a_move_to_an_uncompiled_bucket_waits_until_it_repays_its_compile():
   state = time_optimal.RoundTimes()
   state.load_state_dict(rt.state_dict())
   assert state.compile_cost() == rt.compile_cost() and state.total == rt.total
+
+
+def test_an_unresolved_signal_with_a_lower_bound_moves_up_when_every_b_agrees():
+  """Round times nearly flat in N (launch-bound): every B above a few tens
+  of rollouts puts the optimum at the largest bucket, so a floor B >= 500
+  is enough to move there at the first decision round, before |G|^2 is
+  resolved. Without a floor, or where the round time is proportional to N
+  (the optimum at B -> inf is not above the current bucket), it holds."""
+  flat = lambda n: 1e-3 + n * 1e-8
+  unresolved = dict(value=math.nan, lo=0.0, hi=math.inf, resolved=False)
+  ctl = controller.AdaptiveBatch(
+      K, *BUCKETS, every=5, prompts=16, objective="time", round_times=flat
+  )
+  assert ctl.update(3, dict(unresolved, floor=500.0)) == 16  # not a decision round
+  assert ctl.update(5, dict(unresolved, floor=0.0)) == 16
+  assert ctl.update(10, dict(unresolved, floor=500.0)) == BUCKETS[1]
+  assert ctl.target == BUCKETS[1] and ctl.changes == 1
+  prop = controller.AdaptiveBatch(
+      K, *BUCKETS, every=5, prompts=16, objective="time", round_times=lambda n: n * 1e-6
+  )
+  assert prop.update(5, dict(unresolved, floor=5000.0)) == 16
+  # a floor so low that the optimum there lies below the current bucket: hold
+  mid = controller.AdaptiveBatch(
+      K, *BUCKETS, every=5, prompts=16, objective="time", round_times=lambda n: 0.2 + n / 3500
+  )
+  assert mid.update(5, dict(unresolved, floor=32.0)) == 16
+
+
+def test_the_tracker_bounds_b_noise_from_below_before_it_resolves():
+  """Per-round |G|^2 estimates scattered around 0.05 with SD 1 (not
+  resolved) and a clearly positive trace: the interval is unbounded, its
+  floor positive and equal to the Fieller bound of the EMAs' moments; once
+  |G|^2 is resolved the floor is the interval's lower end."""
+  rng = np.random.default_rng(0)
+  ema = noise_tracker.NoiseEMA(0.95)
+  for _ in range(20):
+    ema.update(
+        dict(
+            trace_intra=50.0 * (1 + 0.1 * rng.standard_normal()),
+            trace_inter=0.0,
+            g2=0.05 + rng.standard_normal(),
+        ),
+        16,
+        K,
+    )
+  iv = ema.interval(2.0)
+  assert not iv["resolved"] and iv["lo"] == 0.0 and iv["hi"] == math.inf
+  assert 0 < iv["floor"] < math.inf
+  sig = controller.signal_interval("b_crit", iv, b_crit_ratio=2.0)
+  assert sig["floor"] == pytest.approx(2.0 * iv["floor"])
+  for _ in range(200):
+    ema.update(
+        dict(trace_intra=50.0, trace_inter=0.0, g2=1.0 + 0.05 * rng.standard_normal()), 16, K
+    )
+  iv = ema.interval(2.0)
+  assert iv["resolved"] and iv["floor"] == iv["lo"] > 0
