@@ -37,10 +37,20 @@ DPI = 120
 BAND_ALPHA = 0.18
 
 
-def style(i: int) -> dict:
-  """Colour, marker and line style of the ``i``-th series (distinct in grey)."""
+def style(i: int, n: int | None = None) -> dict:
+  """Colour, marker and line style of the ``i``-th of ``n`` series (distinct
+  in grey). Up to ``len(COLORS)`` series take the Okabe-Ito palette; more
+  (a batch sweep's nine N) take a sequential map (viridis) in series
+  order, so that no two share a colour and the order reads as a gradient
+  (give the series sorted, e.g. by N)."""
+  if n is not None and n > len(COLORS):
+    from matplotlib import colormaps  # noqa: PLC0415
+
+    color = colormaps["viridis"](0.92 * i / (n - 1))
+  else:
+    color = COLORS[i % len(COLORS)]
   return dict(
-      color=COLORS[i % len(COLORS)],
+      color=color,
       marker=MARKERS[i % len(MARKERS)],
       linestyle=LINESTYLES[i % len(LINESTYLES)],
   )
@@ -104,7 +114,7 @@ def learning_curves(
     curves: Sequence[Mapping[str, Any]],
     target=None,
     title: str | None = None,
-    ylabel: str = "held-out pass@1 (fraction)",
+    ylabel: str = "held-out pass rate (exact expected, fraction)",
     step_label: str = "optimizer steps",
     logx: bool = False,
 ) -> Figure:
@@ -120,7 +130,7 @@ def learning_curves(
   """
   fig, (ax_r, ax_s) = _new(2)
   for i, c in enumerate(curves):
-    st = style(i)
+    st = style(i, len(curves))
     v = _arr(c["value"])
     for ax, key in ((ax_r, "rollouts"), (ax_s, "steps")):
       if c.get(key) is None:

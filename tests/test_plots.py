@@ -347,3 +347,20 @@ def test_rule_ratios_puts_unreached_rules_on_the_top_edge():
   (ax,) = plots.rule_ratios(rows).axes
   labels = [t.get_text() for t in ax.get_legend().get_texts()]
   assert "linear: target not reached" in labels and "holds below 1.25" in labels
+
+
+def test_nine_batch_sizes_get_nine_distinct_colours():
+  """A sweep's nine N no longer wrap an eight-colour cycle (N = 64 and
+  16,384 were both black): more series than the palette take a sequential
+  map in series order."""
+  ns = [2**k for k in range(6, 15)]
+  curves = [dict(label=f"N={n}", rollouts=[0, n], steps=[0, 1], value=[0.4, 0.5]) for n in ns]
+  ax = plots.learning_curves(curves).axes[0]
+  colours = [
+      tuple(l.get_color()) if not isinstance(l.get_color(), str) else l.get_color()
+      for l in ax.get_lines()
+      if l.get_label().startswith("N=")
+  ]
+  assert len(colours) == 9 and len(set(map(str, colours))) == 9
+  few = plots.learning_curves(curves[:3]).axes[0]
+  assert [l.get_color() for l in few.get_lines()][:3] == list(plots.COLORS[:3])
