@@ -661,7 +661,9 @@ def adaptive_batch(
 ) -> Figure:
   """The adaptive controller over training: the chosen N per round (top,
   a step plot, log2 axis) above the signal it tracks with its interval
-  (bottom; log axis when positive). ``signal_rounds``: x of the signal
+  (bottom; log axis when positive; where ``lo`` / ``hi`` are given, the
+  rounds whose interval is unbounded show the estimate as faint points
+  only). ``signal_rounds``: x of the signal
   when it is not logged every round (default ``rounds``); ``predicted``:
   the N the controller's rule asks for at each round (dashed, top)."""
   fig, (ax_n, ax_s) = _new(1, 2, size=(6.4, 2.6), sharex=True)
@@ -687,7 +689,21 @@ def adaptive_batch(
   ax_n.set_ylabel("batch size N (rollouts per round)")
   xs, s = _arr(signal_rounds if signal_rounds is not None else rounds), _arr(signal)
   if lo is not None and hi is not None:
-    _band(ax_s, xs, lo, hi, COLORS[1], label="interval")
+    lo_a, hi_a = _arr(lo), _arr(hi)
+    bounded = np.isfinite(lo_a) & np.isfinite(hi_a)
+    _band(ax_s, xs, lo_a, hi_a, COLORS[1], label="tracker interval (Fieller)")
+    # rounds whose interval is unbounded: the point estimate means nothing
+    # there (the controller ignores it), so it is drawn apart and faint
+    ax_s.plot(
+        xs[~bounded],
+        s[~bounded],
+        linestyle="none",
+        marker=".",
+        markersize=3,
+        color="0.65",
+        label="estimate, interval unbounded",
+    )
+    s = np.where(bounded, s, np.nan)
   ax_s.plot(xs, s, color=COLORS[1], linestyle="--", linewidth=1.3, label=signal_label)
   if not np.isfinite(s).any():  # an empty panel must say why it is empty
     ax_s.text(

@@ -364,3 +364,16 @@ def test_nine_batch_sizes_get_nine_distinct_colours():
   assert len(colours) == 9 and len(set(map(str, colours))) == 9
   few = plots.learning_curves(curves[:3]).axes[0]
   assert [l.get_color() for l in few.get_lines()][:3] == list(plots.COLORS[:3])
+
+
+def test_adaptive_signal_is_not_drawn_as_a_line_where_its_interval_is_unbounded():
+  inf = math.inf
+  fig = plots.adaptive_batch(
+      range(5), [256] * 5, [3e3, 1e6, 5e3, 3e3, 3e3], [0, 0, 0, 2e3, 2e3], [inf, inf, inf, 5e3, 4e3]
+  )
+  ax_s = fig.axes[1]
+  (line,) = [l for l in ax_s.get_lines() if l.get_label() == "tracked B_noise (rollouts)"]
+  y = np.asarray(line.get_ydata(), float)
+  assert np.isnan(y[:3]).all() and np.allclose(y[3:], 3e3)
+  (faint,) = [l for l in ax_s.get_lines() if l.get_label() == "estimate, interval unbounded"]
+  assert list(faint.get_ydata()) == [3e3, 1e6, 5e3]
