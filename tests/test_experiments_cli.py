@@ -259,14 +259,15 @@ def _check_throughput(res):
 def _check_wallclock(res):
   """Measured seconds for every run that reached the first target, the
   calibration inside the adaptive runs', modelled seconds for the modelled
-  arms; one curve row per evaluation."""
+  arms, the fixed arm at --modelled_ns; one curve row per evaluation."""
   import csv  # pylint: disable=import-outside-toplevel
 
   with open(res / "adaptive_wallclock_runs.csv") as f:
     runs = list(csv.DictReader(f))
   arms = {r["arm"] for r in runs}
   assert {"adaptive", "adaptive h100_sxm", "adaptive tpu_v5e"} <= arms, arms
-  assert sum(a.startswith("fixed") for a in arms) == 2
+  # the two measured fixed arms and the modelled comparison's (--modelled_ns, quick: N = 32)
+  assert sum(a.startswith("fixed") for a in arms) == 3 and "fixed N=32" in arms, arms
   first = next(k for k in runs[0] if k.startswith("seconds@"))
   for r in runs:
     if r[first] not in ("", "None"):
