@@ -85,7 +85,16 @@ MAX_RATES = 8  # a scan that has not bracketed its best in 8 x2 steps stops ther
 RULES = ("constant", "sqrt", "linear")
 ARMS = ("on", "warmup5", "off4", "off8")
 WARMUP_STEPS = 5  # the first design's optim.warmup_steps
-OFF_NS = (128, 512, 2048, 8192, 16384)  # the off-policy arms (>= 1 prompt per minibatch at 8)
+OFF_NS = (
+    128,
+    256,
+    512,
+    1024,
+    2048,
+    4096,
+    8192,
+    16384,
+)  # off-policy arms (>= 1 prompt per minibatch at 8)
 OFF_SCAN_NS = (128, 2048, 16384)  # where the off-policy arms scan the rate
 COLUMNS = ("N", "lr", "seed", "capped", "cap_rollouts", "processor")
 
