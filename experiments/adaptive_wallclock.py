@@ -77,6 +77,12 @@ def parse_args(argv=None):
       "--modelled_seeds", default=None, help="seeds of the modelled runs (default 0,1,2; quick 0)"
   )
   ap.add_argument(
+      "--switch_ablation",
+      action="store_true",
+      help="also run the first accelerator's adaptive arm with Adam's second moment kept "
+      "(no rescale) and with the new lr at once (no ramp): which part of a switch costs",
+  )
+  ap.add_argument(
       "--modelled_ns",
       default=None,
       help="more fixed N (rollouts per round) for the modelled comparison and the switch "
@@ -129,6 +135,16 @@ def arms(args, ad, fx):
       f"fixed default (N={default_n})": (fx, {"batch.num_prompts": default_n // K}),
   }
   modelled = {f"adaptive {a}": (ad, {"batch.adaptive_round_time": a}) for a in args.accelerators}
+  if args.switch_ablation:
+    a = args.accelerators[0]
+    modelled[f"adaptive {a}, nu kept"] = (
+        ad,
+        {"batch.adaptive_round_time": a, "batch.adaptive_rescale_nu": False},
+    )
+    modelled[f"adaptive {a}, no ramp"] = (
+        ad,
+        {"batch.adaptive_round_time": a, "batch.adaptive_switch_warmup": 0},
+    )
   bad = [n for n in args.modelled_ns if n % K]
   if bad:
     raise SystemExit(f"--modelled_ns {bad} are not multiples of K={K}")
@@ -362,7 +378,8 @@ def main(argv=None):
   for arm, rs in list(recs.items()) + list(mfixed.items()):
     if arm.startswith("fixed") and rs:
       fixed_by_n[rs[0]["N_visited"][0]] = rs
-  adaptive_all = recs["adaptive"] + [r for rs in mrecs.values() for r in rs]
+  ablation = {a: rs for a, rs in mrecs.items() if "," in a}
+  adaptive_all = recs["adaptive"] + [r for a, rs in mrecs.items() if a not in ablation for r in rs]
   penalty = switch_penalty(adaptive_all, fixed_by_n, main_t)
   switched = sum(len(set(r["traj"]["N"])) > 1 for r in adaptive_all)
   penalty_lines = [
@@ -378,11 +395,17 @@ def main(argv=None):
       f"- Switch penalty: not measurable ({switched} of {len(adaptive_all)} adaptive runs "
       "switched before the target to an N with a fixed arm)."
   ]
+  for arm, rs in ablation.items():
+    for p in switch_penalty(rs, fixed_by_n, main_t):
+      penalty_lines.append(
+          f"- Switch penalty of {arm} at the new N = {p['N']}, {p['runs']} runs: "
+          + (stats.fmt(p["ratio"], p["lo"], p["hi"]) if p["ratio"] is not None else "one run")
+      )
 
   # ------------------------------------------------------------ part 2 table
   mtable = []
   for arm, rs in mrecs.items():
-    acc = arm.split()[-1]
+    acc = modelled[arm][1]["batch.adaptive_round_time"]
     fixed = fixed_modelled(
         [rs for a, rs in list(recs.items()) + list(mfixed.items()) if a.startswith("fixed")],
         main_t,
@@ -393,7 +416,7 @@ def main(argv=None):
     best_n = min(means, key=means.get) if means else None
     ad_s = val(rs, "modelled_s")
     d = dict(
-        accelerator=acc,
+        accelerator=arm.removeprefix("adaptive "),
         adaptive_N=" ".join(str(n) for n in sorted({n for r in rs for n in r["N_visited"]})),
     )
     iv = study.seed_interval(ad_s, LEVEL)
@@ -405,7 +428,7 @@ def main(argv=None):
       r_, lo, hi = stats.ratio_of_means_interval(ad_s, fixed[best_n])
       d["vs best"] = stats.Estimate(r_, lo, hi) if r_ is not None else None
       verdicts.append(
-          f"- modelled {acc}: adaptive vs best fixed N={best_n} under the same model: "
+          f"- modelled {d['accelerator']}: adaptive vs best fixed N={best_n} under the same model: "
           f"{d['vs best']} -> {verdict(r_, lo, hi, NEAR)}"
       )
     mtable.append(d)

@@ -66,6 +66,7 @@ FLAGS = {
         "--accelerators",
         "--modelled_seeds",
         "--modelled_ns",
+        "--switch_ablation",
         "--quick",
     ],
     "adaptive_batch": [
