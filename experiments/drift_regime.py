@@ -1,6 +1,6 @@
 """Which reuse and learning rate reach the published drift: a kappa pilot.
 
-    python experiments/drift_regime.py            # 3 epochs x 4 rates, 12 rounds each (~15 min)
+    python experiments/drift_regime.py            # 4 epochs x 4 rates, 12 rounds each (~17 min)
     python experiments/drift_regime.py --quick    # tiny smoke version
 
 The drift and clipping claims of study 1 were made at kappa = KL(behaviour
@@ -50,15 +50,15 @@ BASE = "pg8"
 
 def parse_args(argv=None):
   ap = study_runner.parser(__doc__, NAME, "sweep root, one run <root>/<variant> each")
-  ap.add_argument("--epochs", default=None, help="epochs E over each round (default 1,2,4)")
+  ap.add_argument("--epochs", default=None, help="epochs E over each round (default 1,2,4,8)")
   ap.add_argument(
-      "--lr_scales", default=None, help="learning rate x L (default 1,4,16,64; quick 16)"
+      "--lr_scales", default=None, help="learning rate x L (default 1,2,4,16; quick 16)"
   )
   ap.add_argument("--rounds", type=int, default=None, help="rounds per run (12; quick 2)")
   args = study_runner.parse(ap, argv)
   ints = lambda s, d: [int(x) for x in (s or d).split(",") if x]
-  args.epochs = ints(args.epochs, "1,2" if args.quick else "1,2,4")
-  args.lr_scales = ints(args.lr_scales, "16" if args.quick else "1,4,16,64")
+  args.epochs = ints(args.epochs, "1,2" if args.quick else "1,2,4,8")
+  args.lr_scales = ints(args.lr_scales, "16" if args.quick else "1,2,4,16")
   args.rounds = args.rounds or (2 if args.quick else 12)
   for name, vals in (("--epochs", args.epochs), ("--lr_scales", args.lr_scales)):
     if not vals or min(vals) < 1:
