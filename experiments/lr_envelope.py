@@ -60,6 +60,7 @@ Arms (``--arm``; each its own records and results folder
 from __future__ import annotations
 
 import csv
+import json
 import math
 import os
 import sys
@@ -455,7 +456,29 @@ def analyse(args, recs, tgt, lr0, ref, t_start):
       ]
   )
   cols = ["target", "N", "rates", "best_lr", "bracketed", "E", "S", "status"]
-  out.table(table, cols, title="The learning-rate envelope (on-policy, no warmup)", notes=notes)
+  md = out.table(
+      table, cols, title="The learning-rate envelope (on-policy, no warmup)", notes=notes
+  )
+  decision = decision_rows(table, throughput_path(args.out), main_t)
+  if decision:
+    rows, source = decision
+    dec_md = report.markdown_table(
+        rows, ["N", "rollouts_per_s", "E", "T", "gain", "penalty", "doubling_pays"]
+    )
+    best = min(rows, key=lambda r: r["T"].value)
+    with open(out.path(".md"), "w") as f:
+      f.write(
+          md + f"\n## Time to {main_t} on this machine: E*(N) / throughput(N)\n\n{dec_md}\n\n"
+          f"Throughput: {source} (rollouts/s of a round, median of the benchmark's rounds). "
+          "T = E* / throughput in seconds, its interval E*'s (the throughput's own spread is "
+          "not in it). At N -> 2N: gain = throughput ratio, penalty = E* ratio; doubling pays "
+          f"iff gain > penalty. Least predicted T: N = {best['N']} ({best['T']} s).\n"
+      )
+    with open(out.path("_decision.csv"), "w", newline="") as f:
+      flat = [report.csv_cells(r) for r in rows]
+      w = csv.DictWriter(f, fieldnames=list(dict.fromkeys(k for r in flat for k in r)))
+      w.writeheader()
+      w.writerows(flat)
   with open(out.path("_rules.csv"), "w", newline="") as f:
     if ratios:
       w = csv.DictWriter(f, fieldnames=list(ratios[0]))
@@ -506,6 +529,39 @@ def analyse(args, recs, tgt, lr0, ref, t_start):
       fits={str(t): {k: v for k, v in f.items() if k != "boot_B_crit"} for t, f in fits.items()},
       alphas={str(t): a for t, a in alphas.items()},
   )
+
+
+def throughput_path(out: str) -> str:
+  """The throughput benchmark's record (``experiments/throughput_decision.py``)."""
+  return os.path.join(out, "throughput_decision", "throughput.json")
+
+
+def decision_rows(table, path: str, t: float):
+  """The time-to-target decision on the envelope: T*(N) = E*(N) / rollouts
+  per second from the benchmark at ``path``, and at each doubling the
+  rule "2N pays iff its throughput gain exceeds its E* penalty". None
+  without the benchmark's record. Returns (rows, a description of it)."""
+  if not os.path.exists(path):
+    return None
+  with open(path) as f:
+    bench = json.load(f)
+  rate = dict(zip(map(int, bench["N"]), map(float, bench["rollouts_per_s"])))
+  env = {r["N"]: r for r in table if r["target"] == t and math.isfinite(r["E_star"])}
+  ns = sorted(n for n in env if n in rate)
+  rows = []
+  for i, n in enumerate(ns):
+    e = env[n]["E"]
+    row = dict(
+        N=n,
+        rollouts_per_s=rate[n],
+        E=e,
+        T=stats.Estimate(e.value / rate[n], e.lo / rate[n], e.hi / rate[n]),
+    )
+    if i + 1 < len(ns) and ns[i + 1] == 2 * n:
+      gain, pen = rate[2 * n] / rate[n], env[2 * n]["E"].value / e.value
+      row |= dict(gain=gain, penalty=pen, doubling_pays=bool(gain > pen))
+    rows.append(row)
+  return rows, f"{path} ({bench.get('machine', 'this machine')})"
 
 
 def _fit(runs, t) -> dict:

@@ -143,3 +143,24 @@ def test_warmup_arm_counts_targets_reached_inside_the_warmup(tmp_path):
   small_s = sum(1 for r in arm if r[f"rounds@{T}"] <= L.WARMUP_STEPS)
   assert small_s > 0 and row["reached_in_warmup"] == f"{small_s}/15"
   assert float(row["warmup5_B"]) > float(row["on_B"])
+
+
+def test_decision_on_the_envelope_is_e_over_throughput_and_the_doubling_rule(tmp_path):
+  """T(N) = E*(N) / rollouts per second, and 2N pays exactly where the
+  throughput gain exceeds the E* penalty (checked by hand on three N)."""
+  from cbs_jax import stats  # pylint: disable=import-outside-toplevel
+
+  path = tmp_path / "throughput.json"
+  path.write_text('{"N": [64, 128, 256], "rollouts_per_s": [2000.0, 4000.0, 4200.0]}')
+  e = {64: 1.0e4, 128: 1.2e4, 256: 1.5e4}
+  table = [
+      dict(target=T, N=n, E_star=v, E=stats.Estimate(v, 0.9 * v, 1.1 * v)) for n, v in e.items()
+  ]
+  table.append(dict(target=0.5, N=64, E_star=1.0, E=stats.Estimate(1.0, 1.0, 1.0)))  # other target
+  rows, _ = L.decision_rows(table, str(path), T)
+  assert [r["N"] for r in rows] == [64, 128, 256]
+  assert rows[0]["T"].value == pytest.approx(5.0) and rows[0]["T"].hi == pytest.approx(5.5)
+  assert rows[0]["gain"] == pytest.approx(2.0) and rows[0]["penalty"] == pytest.approx(1.2)
+  assert rows[0]["doubling_pays"] and not rows[1]["doubling_pays"]  # 1.05 < 1.25
+  assert "gain" not in rows[2]
+  assert L.decision_rows(table, str(tmp_path / "none.json"), T) is None
