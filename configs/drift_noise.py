@@ -21,6 +21,13 @@ tr Sigma_inter, |G|^2) at every update on that update's minibatch
   cispo        CISPO, IS weight clipped at 1.28  }
   dualclip     PPO 0.2 with dual clip c = 3      }
   quick        a tiny pg4 for the test suite
+
+At the published drift (``drift_regime.py`` found which reuse reaches it:
+kappa ~ 0.05 at 4 epochs, ~ 0.13 at 8, at the on-policy learning rate):
+  e<E>x<L>     pg8 over E epochs of the round, learning rate x L, the exact
+               noise at every update (the drift study's regime design)
+  <scheme>@e<E>  a clipping scheme above over E epochs (8 updates each),
+               run long enough to plateau (the clipping study at that drift)
 """
 
 import re
@@ -33,9 +40,35 @@ ABLATION_UPDATES = 8
 SEEDS = (0, 1, 2)
 ROUNDS = 60  # drift_noise runs (one seed)
 ABLATION_ROUNDS = 80  # clipping ablation runs
+REGIME_ROUNDS = 30  # e<E>x<L> runs
+PLATEAU_ROUNDS = 200  # <scheme>@e<E> runs: long enough for every seed to plateau
+PLATEAU_EVAL_EVERY = 5  # their held-out evaluations (the plateau test reads these)
 
 
 def get_config(arg="clip8"):
+  regime = re.fullmatch(r"e(\d+)x(\d+)", arg)
+  if regime:
+    E, L = int(regime.group(1)), int(regime.group(2))
+    if E < 1 or L < 1:
+      raise ValueError(f"drift_noise variant {arg!r}: epochs and rate scale must be >= 1")
+    c = get_config("pg8")
+    c.batch.num_epochs = E
+    c.optim.lr *= L
+    c.train.num_rounds = REGIME_ROUNDS
+    c.train.eval_every = c.train.checkpoint_every = 10
+    return c
+  scheme, at, epochs = arg.partition("@e")
+  if at:
+    if scheme not in CLIP_VARIANTS or not epochs.isdigit() or int(epochs) < 1:
+      raise ValueError(
+          f"drift_noise variant {arg!r}: want <scheme>@e<epochs>, scheme in {CLIP_VARIANTS}"
+      )
+    c = get_config(scheme)
+    c.batch.num_epochs = int(epochs)
+    c.train.num_rounds = PLATEAU_ROUNDS
+    c.train.eval_every = PLATEAU_EVAL_EVERY
+    c.train.checkpoint_every = PLATEAU_ROUNDS // 4
+    return c
   c = default.get_config("smoke" if arg == "quick" else None)
   c.sft.base_dir = "../sft_base"  # runs live in <root>/<variant>: one base per root
   c.batch.num_prompts, c.batch.rollouts_per_prompt = 64, 16

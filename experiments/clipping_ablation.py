@@ -14,8 +14,17 @@ fractions of the updates, and the final held-out exact expected pass rate;
 means over seeds with t-intervals, and the paired (by seed) difference of
 clip 0.2 minus clip 10.
 
-Writes experiments/results/clipping_ablation/: the table (.md, .csv), a
-figure of kappa by update and of the learning curves, manifest.json.
+That design drifted kappa ~ 0.001, where 1 token in 200 is clipped, so
+``--epochs=E`` runs each scheme over E epochs of the round (variants
+<scheme>@e<E>: 8 E updates per round; E = 4 reaches kappa ~ 0.05 at the
+on-policy rate, ``drift_regime.py``) for 200 rounds, long enough to
+plateau, with 5 seeds:
+
+    python experiments/clipping_ablation.py --epochs=4 --variants=clip0.2,clip10,dualclip
+
+Writes experiments/results/clipping_ablation/ (clipping_ablation_e<E>/ with
+--epochs): the table (.md, .csv), a figure of kappa by update and of the
+learning curves, manifest.json.
 """
 
 from __future__ import annotations
@@ -46,7 +55,19 @@ def parse_args(argv=None):
       default=",".join(drift_noise.CLIP_VARIANTS),
       help="clipping schemes of configs/drift_noise.py",
   )
+  ap.add_argument(
+      "--epochs",
+      type=int,
+      default=1,
+      help="epochs over each round (1: the 8-update design; >1: <scheme>@e<E>, to a plateau)",
+  )
+  ap.add_argument("--seeds", type=int, default=None, help="seeds per scheme (3; 5 with --epochs)")
   args = study_runner.parse(ap, argv)
+  if args.epochs < 1:
+    ap.error(f"--epochs={args.epochs}: need >= 1")
+  args.seeds = args.seeds or (5 if args.epochs > 1 and not args.quick else len(drift_noise.SEEDS))
+  if args.seeds < 2:
+    ap.error(f"--seeds={args.seeds}: need >= 2 for an interval")
   for v in args.variants.split(","):
     if v not in drift_noise.CLIP_VARIANTS:
       ap.error(f"unknown variants {v!r}; known: {drift_noise.CLIP_VARIANTS}")
@@ -93,13 +114,14 @@ def main(argv=None):
   args = parse_args(argv)
   logging.set_verbosity(logging.WARNING)
   t0 = time.time()
-  out = report.Results(NAME, root=args.out)
+  E = args.epochs
+  out = report.Results(NAME + (f"_e{E}" if E > 1 else ""), root=args.out)
   variants = args.variants.split(",")
-  seeds = drift_noise.SEEDS
+  seeds = tuple(range(args.seeds))
   configs = {}
   for v in variants:
     for s in seeds:
-      c = drift_noise.get_config(v)
+      c = drift_noise.get_config(f"{v}@e{E}" if E > 1 else v)
       if args.quick:  # the tiny model and batch of "quick", this variant's clipping
         q = drift_noise.get_config("quick")
         q.rl.loss, q.rl.clip_eps_low, q.rl.clip_eps_high = (
@@ -108,12 +130,14 @@ def main(argv=None):
             c.rl.clip_eps_high,
         )
         q.rl.clip_c, q.noise.drift_every = c.rl.clip_c, 0
+        q.batch.num_epochs = E
         c = q
       c.seed = s
       configs[f"{v}__seed={s}"] = c
   rows = study_runner.run_variants(configs, args.root, workers=args.workers)
   rec = {name: run_record(row["workdir"]) for name, row in rows.items()}
 
+  U = len(rec[f"{variants[0]}__seed=0"]["kappa_by_update"])  # updates per round
   table = []
   for v in variants:
     rs = [rec[f"{v}__seed={s}"] for s in seeds]
@@ -160,8 +184,8 @@ def main(argv=None):
   ]
   notes = [
       "kappa_mean: exact KL(behaviour || current) per token on probe rollouts, mean over "
-      "updates 1-7 and rounds; kappa_final: at the last update of a round; clip_frac: "
-      "fraction of tokens clipped (low + high) in updates 1-7; final_pass: held-out exact "
+      f"updates 1-{U - 1} and rounds; kappa_final: at the last update of a round; clip_frac: "
+      f"fraction of tokens clipped (low + high) in updates 1-{U - 1}; final_pass: held-out exact "
       "expected pass rate at the end. Mean [90% t-interval] over seeds. engaged: whether "
       "the scheme clipped any token in any update (a dual clip whose runs equal clip 0.2's "
       "seed by seed did not engage either); a scheme that did not engage says nothing about "
@@ -181,7 +205,8 @@ def main(argv=None):
   out.table(
       [{k: v for k, v in r.items() if not k.endswith("_raw")} for r in table],
       cols,
-      title="Clipping ablation (8 updates per generation round)",
+      title=f"Clipping ablation ({U} updates per generation round"
+      + (f", {E} epochs)" if E > 1 else ")"),
       notes="\n".join(notes),
   )
   with open(out.path(".json"), "w") as f:
@@ -194,7 +219,6 @@ def main(argv=None):
   series = {
       v: np.mean([rec[f"{v}__seed={s}"]["kappa_by_update"] for s in seeds], 0) for v in variants
   }
-  U = len(next(iter(series.values())))
   plots.save(
       plots.noise_over_training(
           list(range(U)),

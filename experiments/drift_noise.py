@@ -23,14 +23,26 @@ quadratic (``drift.fit_trend``); a quadratic is claimed only when it beats
 the linear model. Clipped tokens stop contributing gradient, which lowers
 the measured trace: hence the unclipped arm.
 
-Writes experiments/results/drift_noise/: the per-point table (.md, .csv),
-the fits, figures of each quantity against kappa, manifest.json.
+The reuse design above never left kappa <= 0.006 (published 0.08-0.09), so
+``--design=regime`` runs where the drift gets there (``drift_regime.py``,
+the pilot): variants e<E>x<L> of ``configs/drift_noise.py`` (pg8 over E
+epochs, learning rate x L), 3 seeds, two axes of drift -- reuse (E = 1, 2,
+4, 8 at the on-policy rate) and rate (x1, x2, x4 at E = 2) -- each fitted
+on its own, every test of both in one Holm family. Rounds of all seeds are
+pooled per (variant, update j).
+
+    python experiments/drift_noise.py --design=regime   # 6 variants x 3 seeds (~25 min)
+
+Writes experiments/results/drift_noise/ (or drift_noise_regime/): the
+per-point table (.md, .csv), the fits, figures of each quantity against
+kappa, manifest.json.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 import time
 
@@ -48,12 +60,26 @@ from configs import drift_noise
 
 NAME = "drift_noise"
 QUANTITIES = ("inflation", "trace_intra", "trace_inter", "g2", "b_noise")
+REGIME_VARIANTS = ("e1x1", "e2x1", "e4x1", "e8x1", "e2x2", "e2x4")
+REGIME_SEEDS = (0, 1, 2)
+PUBLISHED_KAPPA = 0.08
 
 
 def parse_args(argv=None):
   ap = study_runner.parser(__doc__, NAME, "sweep root, one run <root>/<variant> each")
-  ap.add_argument("--reuse", default="2,4,8,16", help="updates per round m")
+  ap.add_argument(
+      "--design",
+      choices=("reuse", "regime"),
+      default="reuse",
+      help="reuse: pg<m>/clip<m>, one seed; regime: e<E>x<L> at the published drift, 3 seeds",
+  )
+  ap.add_argument("--reuse", default="2,4,8,16", help="updates per round m (reuse design)")
   ap.add_argument("--arms", default="pg,clip", help="pg (unclipped) and/or clip (0.2)")
+  ap.add_argument(
+      "--variants",
+      default=",".join(REGIME_VARIANTS),
+      help="regime design: e<E>x<L> variants of configs/drift_noise.py",
+  )
   ap.add_argument(
       "--skip_rounds",
       type=int,
@@ -63,14 +89,27 @@ def parse_args(argv=None):
   args = study_runner.parse(ap, argv)
   if args.quick:
     args.skip_rounds = 0
+  if args.design == "regime":
+    args.variants = args.variants.split(",")
+    for v in args.variants:
+      try:
+        drift_noise.get_config(v)
+      except ValueError as e:
+        ap.error(f"--variants: {e}")
+      if not v.startswith("e"):
+        ap.error(f"--variants: {v!r} is not an e<E>x<L> variant")
   return args
 
 
-def points(workdir, K, P_mb, skip):
-  """One pooled point per update index j of the run in ``workdir``."""
+def points(workdirs, K, P_mb, skip):
+  """One point per update index j, the rounds (after the first ``skip``)
+  of every run in ``workdirs`` (seeds of one variant) pooled."""
+  if isinstance(workdirs, str):
+    workdirs = [workdirs]
   rows = [
       r
-      for r in metrics_lib.read_jsonl(os.path.join(workdir, "metrics.jsonl"))
+      for wd in workdirs
+      for r in metrics_lib.read_jsonl(os.path.join(wd, "metrics.jsonl"))
       if r.get("round", 0) > skip and "trace_intra_by_update" in r
   ]
   if not rows:
@@ -123,30 +162,94 @@ def points(workdir, K, P_mb, skip):
   return out
 
 
+def regime_configs(variants, quick: bool) -> dict:
+  """``{<variant>__seed=<s>: config}`` of the regime design; ``quick``: the
+  tiny model of "quick" with each variant's epochs and rate scale, one seed."""
+  lr0 = drift_noise.get_config("pg8").optim.lr
+  out = {}
+  for v in variants:
+    for s in (0,) if quick else REGIME_SEEDS:
+      c = drift_noise.get_config(v)
+      if quick:
+        q = drift_noise.get_config("quick")
+        q.batch.num_epochs = c.batch.num_epochs
+        q.optim.lr *= c.optim.lr / lr0
+        c = q
+      c.seed = s
+      out[f"{v}__seed={s}"] = c
+  return out
+
+
+def regime_groups(table) -> dict:
+  """The two axes of drift, each fitted on its own: reuse (every epoch
+  count at the on-policy rate) and rate (every rate at 2 epochs)."""
+  groups = {
+      "reuse (lr x1)": [r for r in table if r["lr_scale"] == 1],
+      "rate (2 epochs)": [r for r in table if r["epochs"] == 2],
+  }
+  return {g: rs for g, rs in groups.items() if len({r["arm"] for r in rs}) > 1}
+
+
+def reach_lines(table) -> list[str]:
+  """How close each regime variant got to the published drift: kappa and
+  the inflation of tr Σ_intra at its last update of a round."""
+  out = [
+      f"## Drift reached (published kappa ~ {PUBLISHED_KAPPA})",
+      "",
+      "| variant | updates per round | kappa at the last update | inflation there |",
+      "|---|---|---|---|",
+  ]
+  for v in dict.fromkeys(r["arm"] for r in table):
+    last = max((r for r in table if r["arm"] == v), key=lambda r: r["j"])
+    out.append(
+        f"| {v} | {last['m']} | {stats.fmt(last['kappa'], se=last['kappa_se'])} | "
+        f"{stats.fmt(last['inflation'], se=last['inflation_se'])} |"
+    )
+  return out + [""]
+
+
 def main(argv=None):
   args = parse_args(argv)
   logging.set_verbosity(logging.WARNING)
   t0 = time.time()
-  out = report.Results(NAME, root=args.out)
-  arms = args.arms.split(",")
-  ms = [int(m) for m in args.reuse.split(",")]
-  variants = ["quick"] if args.quick else [f"{a}{m}" for a in arms for m in ms]
-  configs = {v: drift_noise.get_config(v) for v in variants}
+  regime = args.design == "regime"
+  out = report.Results(NAME + ("_regime" if regime else ""), root=args.out)
+  if regime:
+    variants = list(args.variants[:2] if args.quick else args.variants)
+    configs = regime_configs(variants, args.quick)
+    runs_of = {v: [n for n in configs if n.startswith(f"{v}__")] for v in variants}
+  else:
+    arms = args.arms.split(",")
+    ms = [int(m) for m in args.reuse.split(",")]
+    variants = ["quick"] if args.quick else [f"{a}{m}" for a in arms for m in ms]
+    configs = {v: drift_noise.get_config(v) for v in variants}
+    runs_of = {v: [v] for v in variants}
   rows = study_runner.run_variants(configs, args.root, workers=args.workers)
   table = []
-  for v, c in configs.items():
-    row = rows[v]
+  for v, names in runs_of.items():
+    c = configs[names[0]]
     m = c.batch.num_minibatches
-    arm = "pg" if c.rl.loss == "pg" else "clip"
+    arm = v if regime else ("pg" if c.rl.loss == "pg" else "clip")
+    lab = dict(arm=arm, m=m * c.batch.num_epochs)
+    if regime:
+      E, L = (int(x) for x in re.fullmatch(r"e(\d+)x(\d+)", v).groups())
+      lab |= dict(epochs=E, lr_scale=L)
     for p in points(
-        row["workdir"], c.batch.rollouts_per_prompt, c.batch.num_prompts // m, args.skip_rounds
+        [rows[n]["workdir"] for n in names],
+        c.batch.rollouts_per_prompt,
+        c.batch.num_prompts // m,
+        args.skip_rounds,
     ):
-      table.append(dict(arm=arm, m=m, **p))
+      table.append(dict(lab, seeds=len(names), **p))
 
+  if regime:
+    groups = regime_groups(table)
+  else:
+    groups = {a: [r for r in table if r["arm"] == a] for a in sorted({r["arm"] for r in table})}
   fits = {}
-  for arm in sorted({r["arm"] for r in table}):
-    pts = [r for r in table if r["arm"] == arm and r["j"] > 0]  # j = 0: kappa = 0 exactly
-    base = [r for r in table if r["arm"] == arm and r["j"] == 0]
+  for arm, rs in groups.items():
+    pts = [r for r in rs if r["j"] > 0]  # j = 0: kappa = 0 exactly
+    base = [r for r in rs if r["j"] == 0]
     fits[arm] = {}
     for q in QUANTITIES:
       sel = [r for r in pts + base if r[q] == r[q] and r[f"{q}_se"]]
@@ -165,6 +268,7 @@ def main(argv=None):
       dict(
           arm=r["arm"],
           m=r["m"],
+          seeds=r["seeds"],
           j=r["j"],
           rounds=r["rounds"],
           kappa=stats.Estimate(r["kappa"], se=r["kappa_se"]),
@@ -180,6 +284,7 @@ def main(argv=None):
   cols = [
       "arm",
       "m",
+      "seeds",
       "j",
       "rounds",
       "kappa",
@@ -212,8 +317,14 @@ def main(argv=None):
       "uses, before update j (j = 0: on-policy, 0). inflation: tr Σ_intra at update j / "
       "at update 0, summed over rounds before dividing (jackknife SE over rounds). Other columns: pooled over "
       "rounds at update j (jackknife SE); b_noise nan where |G|^2 is not resolved. "
-      "pg = plain importance-weighted policy gradient (no clipping); clip = PPO 0.2.",
+      + (
+          "arm: the variant e<E>x<L> (pg8 over E epochs, learning rate x L, unclipped), "
+          "m: updates per round; the seeds' rounds pooled."
+          if regime
+          else "pg = plain importance-weighted policy gradient (no clipping); clip = PPO 0.2."
+      ),
       "",
+      *(reach_lines(table) if regime else []),
       "## Trend against kappa (weighted by the points' SEs; F-tests at a family-wise 0.05)",
       "",
       "Every F-test of the table (linear over constant, quadratic over linear, for each "
@@ -226,13 +337,17 @@ def main(argv=None):
       f"Command: `{' '.join(['python'] + sys.argv)}`.",
   ]
   out.table(
-      show, cols, title="Gradient noise against drift (off-policy reuse)", notes="\n".join(notes)
+      show,
+      cols,
+      title="Gradient noise against drift (off-policy reuse"
+      + (", at the published drift)" if regime else ")"),
+      notes="\n".join(notes),
   )
   with open(out.path("_fits.json"), "w") as f:
     json.dump(dict(fits=fits, points=table), f, indent=1, default=float)
   for q in ("inflation", "trace_intra", "b_noise"):
     for arm in fits:
-      sel = [r for r in table if r["arm"] == arm and r[q] == r[q]]
+      sel = [r for r in groups[arm] if r[q] == r[q]]
       if not sel:
         continue
       fit = fits[arm][q] if "error" not in fits[arm][q] else None
@@ -244,7 +359,7 @@ def main(argv=None):
           ylabel=q.replace("_", " "),
           title=f"{q} vs drift ({arm})",
       )
-      plots.save(fig, out.path(f"_{arm}_{q}.png"))
+      plots.save(fig, out.path(f"_{arm.split()[0]}_{q}.png"))
   out.manifest(
       config={v: c.to_dict() for v, c in configs.items()},
       wall_seconds=time.time() - t0,
