@@ -190,6 +190,22 @@ def csv_cells(row: dict) -> dict:
   return out
 
 
+def read_rows(path: str) -> list[dict]:
+  """The rows of a CSV written by ``Results.rows``: numbers back as floats
+  (ints where integral), empty cells as None, other cells as strings."""
+
+  def cell(v):
+    if v == "":
+      return None
+    try:
+      x = float(v)
+    except ValueError:
+      return v
+    return int(x) if x.is_integer() and "." not in v and "e" not in v.lower() else x
+
+  return [{k: cell(v) for k, v in r.items()} for r in csv.DictReader(io.StringIO(paths.read_text(path)))]
+
+
 def markdown_table(rows: Sequence[dict], columns: Sequence[str], fmt: dict | None = None) -> str:
   """A GitHub markdown table of ``rows`` (dicts) over ``columns``; ``fmt``
   maps a column to a format spec (default: 4 significant digits for floats)."""
@@ -250,6 +266,26 @@ class Results:
     if echo:
       print(md)
     return md
+
+  def command(self, replot: bool = False) -> str:
+    """The command line a table cites: this process's (``command_line``),
+    or, when only replotting, the one that ran the study (its manifest's)."""
+    p = paths.join(self.dir, "manifest.json")
+    if replot and paths.exists(p):
+      return json.loads(paths.read_text(p))["command"]
+    return command_line()
+
+  def rows(self, rows: Sequence[dict], suffix: str) -> str:
+    """Write plain ``rows`` (dicts of numbers and strings; the union of
+    their keys as columns) as ``<name><suffix>``, e.g. the per-run curves a
+    figure is drawn from, so ``read_rows`` can redraw it without the runs."""
+    flat = [csv_cells(r) for r in rows]
+    buf = io.StringIO(newline="")
+    w = csv.DictWriter(buf, fieldnames=list(dict.fromkeys(k for r in flat for k in r)))
+    w.writeheader()
+    w.writerows(flat)
+    paths.write_atomic(self.path(suffix), buf.getvalue())
+    return self.path(suffix)
 
   def figure(self, fig, suffix: str = ".png") -> str:
     """Write ``fig`` as ``<name><suffix>`` (``plots.save``: fixed dpi, then closed)."""

@@ -39,7 +39,6 @@ predicted optimum (``_n.png``), manifest.json.
 
 from __future__ import annotations
 
-import csv
 import functools
 import math
 import os
@@ -481,14 +480,14 @@ def main(argv=None):
         for x, v in r["to"][float(t)].items():
           pr[f"{x}@{float(t)}"] = v
       runs.append(pr)
-  _write_csv(out.path("_runs.csv"), runs)
+  out.rows(runs, "_runs.csv")
   curves = [
       dict(arm=r["arm"], seed=r["seed"], **{k: v[i] for k, v in r["curve"].items()})
       for rs in list(recs.values()) + list(mrecs.values()) + list(mfixed.values())
       for r in rs
       for i in range(len(r["curve"]["round"]))
   ]
-  _write_csv(out.path("_curves.csv"), curves)
+  out.rows(curves, "_curves.csv")
   r0 = sorted(recs["adaptive"], key=lambda r: r["seed"])[0]
   tr = r0["traj"]
   ok = [math.isfinite(h) and lo > 0 for lo, h in zip(tr["lo"], tr["hi"])]
@@ -535,15 +534,6 @@ def main(argv=None):
       switch_penalty=penalty,
       eval_grid=grid,
   )
-
-
-def _write_csv(path, rows):
-  if not rows:
-    return
-  with open(path, "w", newline="") as f:
-    w = csv.DictWriter(f, fieldnames=list(dict.fromkeys(k for r in rows for k in r)))
-    w.writeheader()
-    w.writerows(rows)
 
 
 if __name__ == "__main__":

@@ -21,17 +21,18 @@ on-policy rate, ``drift_regime.py``) for 200 rounds, long enough to
 plateau, with 5 seeds:
 
     python experiments/clipping_ablation.py --epochs=4 --variants=clip0.2,clip10,dualclip
+    python experiments/clipping_ablation.py --epochs=4 ... --replot  # from the records alone
 
 Writes experiments/results/clipping_ablation/ (clipping_ablation_e<E>/ with
---epochs): the table (.md, .csv), a figure of kappa by update and of the
-learning curves, manifest.json.
+--epochs): the table (.md, .csv), the per-run records (.json) and learning
+curves (_curves.csv) they are made of, a figure of kappa by update and of
+the learning curves, manifest.json.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import sys
 import time
 
 import numpy as np
@@ -62,6 +63,9 @@ def parse_args(argv=None):
       help="epochs over each round (1: the 8-update design; >1: <scheme>@e<E>, to a plateau)",
   )
   ap.add_argument("--seeds", type=int, default=None, help="seeds per scheme (3; 5 with --epochs)")
+  ap.add_argument(
+      "--replot", action="store_true", help="tables and figures from the committed records only"
+  )
   args = study_runner.parse(ap, argv)
   if args.epochs < 1:
     ap.error(f"--epochs={args.epochs}: need >= 1")
@@ -107,7 +111,41 @@ def engagement(records: list[dict], same_as_base: bool = False) -> str:
 
 def identical(a: dict, b: dict) -> bool:
   keys = ("kappa_mean", "kappa_final", "final_pass")
-  return all(a[k] == b[k] for k in keys) and a["curve"]["value"] == b["curve"]["value"]
+  return all(a[k] == b[k] for k in keys) and np.array_equal(a["curve"]["value"], b["curve"]["value"])
+
+
+def save_records(out, rec: dict) -> None:
+  """The per-run records (``.json``) and learning curves (``_curves.csv``):
+  all that the tables and figures are made of (``--replot`` reads them)."""
+  with open(out.path(".json"), "w") as f:
+    json.dump(
+        {n: {k: v for k, v in r.items() if k != "curve"} for n, r in rec.items()},
+        f,
+        indent=1,
+        default=float,
+    )
+  out.rows(
+      [
+          dict(run=n, **{k: float(v[i]) for k, v in r["curve"].items()})
+          for n, r in rec.items()
+          for i in range(len(r["curve"]["value"]))
+      ],
+      "_curves.csv",
+  )
+
+
+def load_records(out) -> dict:
+  """``save_records``' records back, curves as arrays."""
+  with open(out.path(".json")) as f:
+    rec = json.load(f)
+  for n in rec:
+    rec[n]["curve"] = {k: [] for k in ("rounds", "steps", "rollouts", "value")}
+  for row in report.read_rows(out.path("_curves.csv")):
+    for k, v in rec[row["run"]]["curve"].items():
+      v.append(row[k])
+  for r in rec.values():
+    r["curve"] = {k: np.asarray(v, np.float64) for k, v in r["curve"].items()}
+  return rec
 
 
 def main(argv=None):
@@ -134,8 +172,13 @@ def main(argv=None):
         c = q
       c.seed = s
       configs[f"{v}__seed={s}"] = c
-  rows = study_runner.run_variants(configs, args.root, workers=args.workers)
-  rec = {name: run_record(row["workdir"]) for name, row in rows.items()}
+  command = out.command(args.replot)
+  if args.replot:
+    rec = load_records(out)
+  else:
+    rows = study_runner.run_variants(configs, args.root, workers=args.workers)
+    rec = {name: run_record(row["workdir"]) for name, row in rows.items()}
+    save_records(out, rec)
 
   U = len(rec[f"{variants[0]}__seed=0"]["kappa_by_update"])  # updates per round
   table = []
@@ -200,7 +243,7 @@ def main(argv=None):
       *paired,
       "",
       "Published: kappa 0.080 (clip 0.2) vs 0.088 (clip 10); final pass 0.70 vs 0.86.",
-      f"Command: `{' '.join(['python'] + sys.argv)}`.",
+      f"Command: `{command}`.",
   ]
   out.table(
       [{k: v for k, v in r.items() if not k.endswith("_raw")} for r in table],
@@ -209,13 +252,6 @@ def main(argv=None):
       + (f", {E} epochs)" if E > 1 else ")"),
       notes="\n".join(notes),
   )
-  with open(out.path(".json"), "w") as f:
-    json.dump(
-        {n: {k: v for k, v in r.items() if k != "curve"} for n, r in rec.items()},
-        f,
-        indent=1,
-        default=float,
-    )
   series = {
       v: np.mean([rec[f"{v}__seed={s}"]["kappa_by_update"] for s in seeds], 0) for v in variants
   }
@@ -250,6 +286,8 @@ def main(argv=None):
       plots.learning_curves(curves, title="clipping ablation (mean, range over seeds)"),
       out.path(".png"),
   )
+  if args.replot:  # the manifest stays the sweep's: its commit, command and wall time
+    return
   out.manifest(
       config={n: c.to_dict() for n, c in configs.items()},
       wall_seconds=time.time() - t0,

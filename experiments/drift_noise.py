@@ -43,7 +43,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import sys
 import time
 
 import numpy as np
@@ -79,6 +78,9 @@ def parse_args(argv=None):
       "--variants",
       default=",".join(REGIME_VARIANTS),
       help="regime design: e<E>x<L> variants of configs/drift_noise.py",
+  )
+  ap.add_argument(
+      "--replot", action="store_true", help="tables and figures from the committed points only"
   )
   ap.add_argument(
       "--skip_rounds",
@@ -208,22 +210,8 @@ def reach_lines(table) -> list[str]:
   return out + [""]
 
 
-def main(argv=None):
-  args = parse_args(argv)
-  logging.set_verbosity(logging.WARNING)
-  t0 = time.time()
-  regime = args.design == "regime"
-  out = report.Results(NAME + ("_regime" if regime else ""), root=args.out)
-  if regime:
-    variants = list(args.variants[:2] if args.quick else args.variants)
-    configs = regime_configs(variants, args.quick)
-    runs_of = {v: [n for n in configs if n.startswith(f"{v}__")] for v in variants}
-  else:
-    arms = args.arms.split(",")
-    ms = [int(m) for m in args.reuse.split(",")]
-    variants = ["quick"] if args.quick else [f"{a}{m}" for a in arms for m in ms]
-    configs = {v: drift_noise.get_config(v) for v in variants}
-    runs_of = {v: [v] for v in variants}
+def pooled_table(args, configs, runs_of, regime: bool) -> list[dict]:
+  """Run (or read back) the sweep; one pooled point per (variant, update j)."""
   rows = study_runner.run_variants(configs, args.root, workers=args.workers)
   table = []
   for v, names in runs_of.items():
@@ -241,7 +229,31 @@ def main(argv=None):
         args.skip_rounds,
     ):
       table.append(dict(lab, seeds=len(names), **p))
+  return table
 
+
+def main(argv=None):
+  args = parse_args(argv)
+  logging.set_verbosity(logging.WARNING)
+  t0 = time.time()
+  regime = args.design == "regime"
+  out = report.Results(NAME + ("_regime" if regime else ""), root=args.out)
+  if regime:
+    variants = list(args.variants[:2] if args.quick else args.variants)
+    configs = regime_configs(variants, args.quick)
+    runs_of = {v: [n for n in configs if n.startswith(f"{v}__")] for v in variants}
+  else:
+    arms = args.arms.split(",")
+    ms = [int(m) for m in args.reuse.split(",")]
+    variants = ["quick"] if args.quick else [f"{a}{m}" for a in arms for m in ms]
+    configs = {v: drift_noise.get_config(v) for v in variants}
+    runs_of = {v: [v] for v in variants}
+  command = out.command(args.replot)
+  if args.replot:  # the pooled points of the committed fits file
+    with open(out.path("_fits.json")) as f:
+      table = json.load(f)["points"]
+  else:
+    table = pooled_table(args, configs, runs_of, regime)
   if regime:
     groups = regime_groups(table)
   else:
@@ -268,7 +280,7 @@ def main(argv=None):
       dict(
           arm=r["arm"],
           m=r["m"],
-          seeds=r["seeds"],
+          seeds=r.get("seeds", 1),
           j=r["j"],
           rounds=r["rounds"],
           kappa=stats.Estimate(r["kappa"], se=r["kappa_se"]),
@@ -334,7 +346,7 @@ def main(argv=None):
       *lines,
       "",
       "Published: noise inflates quadratically in kappa.",
-      f"Command: `{' '.join(['python'] + sys.argv)}`.",
+      f"Command: `{command}`.",
   ]
   out.table(
       show,
@@ -360,6 +372,8 @@ def main(argv=None):
           title=f"{q} vs drift ({arm})",
       )
       plots.save(fig, out.path(f"_{arm.split()[0]}_{q}.png"))
+  if args.replot:  # the manifest stays the sweep's
+    return
   out.manifest(
       config={v: c.to_dict() for v, c in configs.items()},
       wall_seconds=time.time() - t0,

@@ -63,7 +63,6 @@ import csv
 import json
 import math
 import os
-import sys
 import time
 
 import numpy as np
@@ -452,7 +451,7 @@ def analyse(args, recs, tgt, lr0, ref, t_start):
           "",
           *lines,
           "",
-          f"- Command: `{' '.join(['python'] + sys.argv)}`.",
+          f"- Command: `{out.command(args.replot)}`.",
       ]
   )
   cols = ["target", "N", "rates", "best_lr", "bracketed", "E", "S", "status"]
@@ -520,15 +519,16 @@ def analyse(args, recs, tgt, lr0, ref, t_start):
         title=f"best learning rate per N (target {main_t}; open: at a scan edge)",
     )
     out.figure(fig, "_lr.png")
-  out.manifest(
-      config=study_config(args.quick),
-      wall_seconds=time.time() - t_start,
-      targets=list(tgt),
-      ns=args.ns,
-      cap=args.cap,
-      fits={str(t): {k: v for k, v in f.items() if k != "boot_B_crit"} for t, f in fits.items()},
-      alphas={str(t): a for t, a in alphas.items()},
-  )
+  if not args.replot:  # the manifest stays the sweep's: its commit, command, wall time
+    out.manifest(
+        config=study_config(args.quick),
+        wall_seconds=time.time() - t_start,
+        targets=list(tgt),
+        ns=args.ns,
+        cap=args.cap,
+        fits={str(t): {k: v for k, v in f.items() if k != "boot_B_crit"} for t, f in fits.items()},
+        alphas={str(t): a for t, a in alphas.items()},
+    )
 
 
 def throughput_path(out: str) -> str:
@@ -561,7 +561,8 @@ def decision_rows(table, path: str, t: float):
       gain, pen = rate[2 * n] / rate[n], env[2 * n]["E"].value / e.value
       row |= dict(gain=gain, penalty=pen, doubling_pays=bool(gain > pen))
     rows.append(row)
-  return rows, f"{path} ({bench.get('machine', 'this machine')})"
+  where = os.path.join(*os.path.normpath(path).split(os.sep)[-2:])  # the same from any --out
+  return rows, f"{where} ({bench.get('machine', 'this machine')})"
 
 
 def _fit(runs, t) -> dict:
@@ -694,7 +695,7 @@ def analyse_arm(args, arm, recs, on_recs, tgt, t_start):
           else f"\nRate offset from the on-policy best, from the scans at N "
           f"{scanned}: x2^{shift} (the median, target {main_t}).",
           "",
-          f"- Command: `{' '.join(['python'] + sys.argv)}`.",
+          f"- Command: `{out.command(args.replot)}`.",
       ]
   )
   cols = ["target", "points", "on", arm, "ratio"] + (
@@ -726,14 +727,15 @@ def analyse_arm(args, arm, recs, on_recs, tgt, t_start):
       ),
       ".png",
   )
-  out.manifest(
-      config=study_config(args.quick, arm),
-      wall_seconds=time.time() - t_start,
-      targets=list(tgt),
-      ns=args.ns,
-      cap=args.cap,
-      shift=shift,
-  )
+  if not args.replot:  # the manifest stays the sweep's: its commit, command, wall time
+    out.manifest(
+        config=study_config(args.quick, arm),
+        wall_seconds=time.time() - t_start,
+        targets=list(tgt),
+        ns=args.ns,
+        cap=args.cap,
+        shift=shift,
+    )
 
 
 def main(argv=None):

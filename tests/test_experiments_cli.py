@@ -25,7 +25,16 @@ FLAGS = {
     "rollout_shape": ["--root", "--on_root", "--out", "--noise_batches", "--quick"],
     "throughput_decision": ["--on_root", "--root", "--out", "--repeats", "--measure", "--quick"],
     "noise_anatomy": ["--root", "--out", "--variants", "--batches", "--quick"],
-    "drift_noise": ["--root", "--out", "--reuse", "--arms", "--quick"],
+    "drift_noise": [
+        "--root",
+        "--out",
+        "--design",
+        "--reuse",
+        "--arms",
+        "--variants",
+        "--replot",
+        "--quick",
+    ],
     "drift_regime": [
         "--root",
         "--out",
@@ -35,7 +44,7 @@ FLAGS = {
         "--rounds",
         "--quick",
     ],
-    "clipping_ablation": ["--root", "--out", "--variants", "--quick"],
+    "clipping_ablation": ["--root", "--out", "--variants", "--epochs", "--seeds", "--replot", "--quick"],
     "noise_over_training": [
         "--workdir",
         "--prompts",
@@ -183,7 +192,20 @@ CHAINS = {
             [],
             ["noise_anatomy.md", "noise_anatomy.csv", "noise_anatomy.png", "manifest.json"],
         ),
-        ("drift_noise", [], ["drift_noise.md", "drift_noise_fits.json", "manifest.json"]),
+        (  # the regime design: two variants (epochs 1 and 2), the reuse design's code
+            "drift_noise",
+            ["--design=regime"],
+            [
+                "drift_noise_regime/drift_noise_regime.md",
+                "drift_noise_regime/drift_noise_regime_fits.json",
+                "drift_noise_regime/manifest.json",
+            ],
+        ),
+        (  # its tables, fits and figures again from the committed points alone
+            "drift_noise",
+            ["--design=regime", "--replot", "--root={out}/no_runs"],
+            ["drift_noise_regime/drift_noise_regime.md"],
+        ),
         # the kappa pilot, from drift_noise's SFT base
         (
             "drift_regime",
@@ -192,8 +214,17 @@ CHAINS = {
         ),
         (
             "clipping_ablation",
-            ["--variants=clip0.2,clip10"],
-            ["clipping_ablation.md", "clipping_ablation.png", "manifest.json"],
+            ["--variants=clip0.2,clip10", "--epochs=2"],
+            [
+                "clipping_ablation_e2/clipping_ablation_e2.md",
+                "clipping_ablation_e2/clipping_ablation_e2.png",
+                "clipping_ablation_e2/manifest.json",
+            ],
+        ),
+        (  # the same tables and figures from the committed records alone
+            "clipping_ablation",
+            ["--variants=clip0.2,clip10", "--epochs=2", "--replot", "--root={out}/no_runs"],
+            ["clipping_ablation_e2/clipping_ablation_e2.md", "clipping_ablation_e2/manifest.json"],
         ),
     ],
 }
@@ -285,7 +316,8 @@ def _check_wallclock(res):
 def _check_clipping(res):
   import re  # pylint: disable=import-outside-toplevel
 
-  lines = (res / "clipping_ablation.md").read_text().splitlines()
+  (md,) = res.glob("clipping_ablation*.md")
+  lines = md.read_text().splitlines()
   head = next(l for l in lines if l.startswith("| variant |"))
   assert "| engaged |" in head and "| plateaued |" in head, head
   rows = [l for l in lines if l.startswith("| clip")]
@@ -295,8 +327,11 @@ def _check_clipping(res):
 
 
 def _check_drift(res):
-  text = (res / "drift_noise.md").read_text()
+  (md,) = res.glob("drift_noise*.md")
+  text = md.read_text()
   assert "verdict (Holm)" in text and "family-wise" in text
+  if "regime" in md.name:  # how close each variant got to the published drift
+    assert "## Drift reached" in text and "| e2x1 | " in text
 
 
 CHECKS = {
@@ -318,9 +353,9 @@ def test_every_study_quick_mode_writes_its_files(chain, tmp_path):
     assert p.returncode == 0, (script, p.stdout[-2000:] + p.stderr[-4000:])
     for name in files:  # under <out>/<script>/, or <out>/ when it names its folder
       f = out / name if "/" in name else out / script / name
-      assert f.is_file() and f.stat().st_size > 0, (script, name, sorted(os.listdir(out / script)))
-    if script in CHECKS:
-      CHECKS[script](out / script)
+      assert f.is_file() and f.stat().st_size > 0, (script, name, sorted(os.listdir(f.parent)))
+    if script in CHECKS:  # the folder of the first file: the study's results
+      CHECKS[script]((out / files[0] if "/" in files[0] else out / script / files[0]).parent)
   assert sorted(os.listdir(tmp_path)) == ["out"]  # runs went under --out, not the cwd
 
 
@@ -334,14 +369,20 @@ def test_sft_headroom_quick_writes_outputs(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "script,flag",
-    [("clipping_ablation", "--variants=nosuch"), ("noise_anatomy", "--variants=nosuch")],
+    "script,flags,message",
+    [
+        ("clipping_ablation", ["--variants=nosuch"], "unknown variants 'nosuch'"),
+        ("clipping_ablation", ["--epochs=0"], "--epochs=0"),
+        ("noise_anatomy", ["--variants=nosuch"], "unknown variants 'nosuch'"),
+        ("drift_noise", ["--design=regime", "--variants=e0x1"], "'e0x1'"),
+        ("drift_noise", ["--design=regime", "--variants=pg8"], "'pg8' is not an e<E>x<L>"),
+    ],
 )
-def test_bad_flag_is_an_error(script, flag, tmp_path, monkeypatch, capsys):
+def test_bad_flag_is_an_error(script, flags, message, tmp_path, monkeypatch, capsys):
   code, _, stderr = _main_in_process(
-      script, flag, cwd=tmp_path, monkeypatch=monkeypatch, capsys=capsys
+      script, *flags, cwd=tmp_path, monkeypatch=monkeypatch, capsys=capsys
   )
-  assert code == 2 and "unknown variants" in stderr
+  assert code == 2 and message in stderr, stderr
 
 
 def test_study_command_line_puts_quick_runs_under_out(tmp_path):

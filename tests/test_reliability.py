@@ -547,6 +547,8 @@ def _study_configs():
 
   out += [("drift_noise", v) for v in drift_noise.CLIP_VARIANTS + ("quick",)]
   out += [("drift_noise", f"{a}{m}") for a in ("pg", "clip") for m in drift_noise.REUSE]
+  out += [("drift_noise", f"e{e}x{l}") for e, l in ((1, 1), (8, 1), (2, 4))]
+  out += [("drift_noise", f"{v}@e4") for v in drift_noise.CLIP_VARIANTS]
   return out
 
 

@@ -7,6 +7,7 @@ import csv
 import datetime
 import importlib.metadata
 import json
+import math
 import os
 import platform
 import re
@@ -308,3 +309,20 @@ def test_git_dirty_ignores_the_committed_results_a_study_rewrites(tmp_path):
   (tmp_path / "code.py").write_text("a = 2\n")
   assert report.git_dirty(str(tmp_path)) is True
   assert report.git_dirty(str(tmp_path.parent / "nowhere")) is None
+
+
+def test_rows_written_then_read_back_are_the_same_numbers(tmp_path):
+  """The per-run curves a figure is redrawn from: floats exactly (repr
+  round trip), integers as ints, text as text, a missing cell as None."""
+  out = report.Results("demo", root=str(tmp_path))
+  rows = [
+      dict(run="a__seed=0", round=0, value=0.1 + 0.2, rollouts=1024),
+      dict(run="a__seed=0", round=5, value=1 / 3, rollouts=6144, extra=-2.5e-07),
+      dict(run="b", round=10, value=float("nan"), rollouts=0),
+  ]
+  back = report.read_rows(out.rows(rows, "_curves.csv"))
+  assert [r["run"] for r in back] == ["a__seed=0", "a__seed=0", "b"]
+  assert back[0]["value"] == 0.1 + 0.2 and back[1]["value"] == 1 / 3
+  assert back[1]["extra"] == -2.5e-07 and back[0]["extra"] is None
+  assert back[1]["round"] == 5 and isinstance(back[1]["round"], int)
+  assert math.isnan(back[2]["value"])
