@@ -184,10 +184,15 @@ def regime_configs(variants, quick: bool) -> dict:
 
 def regime_groups(table) -> dict:
   """The two axes of drift, each fitted on its own: reuse (every epoch
-  count at the on-policy rate) and rate (every rate at 2 epochs)."""
+  count at the on-policy rate) and rate (every rate at 2 epochs); and the
+  first epoch of every variant apart ("fresh": update j's minibatch not yet
+  fitted, as in the reuse design): from the second epoch on, the noise is
+  measured on rollouts the policy has already been fitted to, which moves
+  it for a reason other than drift."""
   groups = {
       "reuse (lr x1)": [r for r in table if r["lr_scale"] == 1],
       "rate (2 epochs)": [r for r in table if r["epochs"] == 2],
+      "fresh (first epoch, all)": [r for r in table if r["j"] < r["m"] // r["epochs"]],
   }
   return {g: rs for g, rs in groups.items() if len({r["arm"] for r in rs}) > 1}
 
