@@ -314,20 +314,25 @@ def main(argv=None):
   ]
   lines = [
       "| arm | quantity | verdict (Holm) | uncorrected | p(linear) adj. [raw] | "
-      "p(quadratic) adj. [raw] | linear slope ± SE | quadratic a2 ± SE |",
-      "|---|---|---|---|---|---|---|---|",
+      "p(quadratic) adj. [raw] | linear slope ± SE | quadratic a2 ± SE | "
+      "verdict's model: kappa = 0 → max |",
+      "|---|---|---|---|---|---|---|---|---|",
   ]
   for arm, fq in fits.items():
+    kmax = max(r["kappa"] for r in groups[arm])
     for q, f in fq.items():
       if "error" in f:
-        lines.append(f"| {arm} | {q} | unresolved: {f['error']} | | | | | |")
+        lines.append(f"| {arm} | {q} | unresolved: {f['error']} | | | | | | |")
         continue
+      model = {"linear": "linear", "quadratic": "quadratic"}.get(f["verdict"], "const")
+      at = lambda k, c=f[model]["coef"]: sum(a * k**i for i, a in enumerate(c))
       lines.append(
           f"| {arm} | {q} | {f['verdict']} | {f['verdict_uncorrected']} | "
           f"{f['p_linear_adj']:.3g} [{f['p_linear']:.3g}] | "
           f"{f['p_quadratic_adj']:.3g} [{f['p_quadratic']:.3g}] | "
           f"{stats.fmt(f['linear']['coef'][1], se=f['linear']['se'][1])} | "
-          f"{stats.fmt(f['quadratic']['coef'][2], se=f['quadratic']['se'][2])} |"
+          f"{stats.fmt(f['quadratic']['coef'][2], se=f['quadratic']['se'][2])} | "
+          f"{at(0.0):.3g} → {at(kmax):.3g} at {kmax:.3g} |"
       )
   notes = [
       "kappa: KL(behaviour || current) per token, exact, on probe rollouts no update "
@@ -346,7 +351,9 @@ def main(argv=None):
       "",
       "Every F-test of the table (linear over constant, quadratic over linear, for each "
       "arm and quantity) is one family, Holm-corrected (`drift.choose_models`): the chance "
-      "that any truly flat quantity is called a trend stays <= 0.05.",
+      "that any truly flat quantity is called a trend stays <= 0.05. The last column: the "
+      "verdict's model at kappa = 0 and at the largest kappa of the group (the trend's "
+      "direction: a quadratic verdict can fall).",
       "",
       *lines,
       "",
