@@ -582,10 +582,13 @@ def noise_vs_kappa(
     title: str | None = None,
     xlabel: str = "drift κ (KL per token, nats)",
     show_all_models: bool = True,
+    logy: bool = False,
 ) -> Figure:
   """A noise quantity against drift kappa: points with ± SE error bars and
   the fitted trend of ``drift.fit_trend`` (the verdict's model solid, line
   gid ``"fit"``; the other models thin grey when ``show_all_models``).
+  ``logy``: a log y axis, for heavy-tailed positive quantities (a few
+  rounds' traces tens of times the rest).
 
   Several series: pass dicts label -> values for ``kappa``, ``y`` and
   (optionally) ``se`` and ``fit``."""
@@ -641,6 +644,8 @@ def noise_vs_kappa(
     line.set_gid("fit" if not multi else f"fit:{key}")
   ax.set_xlabel(xlabel)
   ax.set_ylabel(ylabel)
+  if logy:
+    ax.set_yscale("log")
   ax.grid(True, linewidth=0.3, color="0.8")
   _legend(ax, loc="best")
   ax.set_title(title or "noise vs drift", fontsize=10)

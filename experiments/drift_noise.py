@@ -324,15 +324,14 @@ def main(argv=None):
       if "error" in f:
         lines.append(f"| {arm} | {q} | unresolved: {f['error']} | | | | | | |")
         continue
-      model = {"linear": "linear", "quadratic": "quadratic"}.get(f["verdict"], "const")
-      at = lambda k, c=f[model]["coef"]: sum(a * k**i for i, a in enumerate(c))
+      y0, y1 = plots.trend_curve(f, [0.0, kmax])  # the verdict's model
       lines.append(
           f"| {arm} | {q} | {f['verdict']} | {f['verdict_uncorrected']} | "
           f"{f['p_linear_adj']:.3g} [{f['p_linear']:.3g}] | "
           f"{f['p_quadratic_adj']:.3g} [{f['p_quadratic']:.3g}] | "
           f"{stats.fmt(f['linear']['coef'][1], se=f['linear']['se'][1])} | "
           f"{stats.fmt(f['quadratic']['coef'][2], se=f['quadratic']['se'][2])} | "
-          f"{at(0.0):.3g} → {at(kmax):.3g} at {kmax:.3g} |"
+          f"{y0:.3g} → {y1:.3g} at {kmax:.3g} |"
       )
   notes = [
       "kappa: KL(behaviour || current) per token, exact, on probe rollouts no update "
@@ -380,8 +379,9 @@ def main(argv=None):
           [r[q] for r in sel],
           [r[f"{q}_se"] for r in sel],
           fit=fit,
-          ylabel=q.replace("_", " "),
+          ylabel=q.replace("_", " ") + (" (log scale)" if regime and q != "b_noise" else ""),
           title=f"{q} vs drift ({arm})",
+          logy=regime and q != "b_noise",
       )
       plots.save(fig, out.path(f"_{arm.split()[0]}_{q}.png"))
   if args.replot:  # the manifest stays the sweep's
