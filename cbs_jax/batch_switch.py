@@ -16,7 +16,16 @@ rollouts per update (docs/batch_law.md, "Switching the batch size"):
   not (B >> B_noise). Without it nu keeps the old batch's noise for
   ~1 / (1 - b2) steps, and Adam's step is off by about sqrt(B' / B) (too
   small after a growth) while the learning rate rule already scaled it.
-  The first moment needs nothing: its expectation is G at any B.
+  The first moment's expectation is G at any B, but its noise is not:
+  mu's variance is (1 - b1) / (1 + b1) sigma^2 / B, so right after a
+  growth mu still carries the old, larger noise while nu has been scaled
+  down, and m / sqrt(nu) -- Adam's step -- is ~sqrt(B' / B) times its
+  steady size at B' for ~1 / (1 - b1) updates. ``adaptive_rescale_mu``
+  scales mu by sqrt(nu_scale) as well (exact in the noise-dominated limit,
+  where both moments' noise shares scale as 1 / B): the step right after
+  the switch equals the step before it, and the learning-rate ramp alone
+  moves it to the new batch's. The signal share of mu shrinks with it and
+  is rebuilt within ~1 / (1 - b1) updates.
 * **The learning rate.** The rule (``lr_rules.lr_scale``) gives the new
   rate; ``ramp`` moves to it linearly over ``steps`` updates from the old
   one, as a warmup from the rate the optimizer was stable at.
@@ -41,14 +50,17 @@ def nu_scale(b_old: float, b_new: float, b_noise: float | None) -> float:
   return b_old * (b_new + b_noise) / (b_new * (b_old + b_noise))
 
 
-def rescale_nu(opt_state, scale: float):
+def rescale_nu(opt_state, scale: float, mu_scale: float = 1.0):
   """``opt_state`` with every ``optax.ScaleByAdamState``'s nu times
-  ``scale`` (mu and the step count unchanged)."""
+  ``scale`` and mu times ``mu_scale`` (the step count unchanged)."""
   is_adam = lambda x: isinstance(x, optax.ScaleByAdamState)
 
   def fix(x):
     if is_adam(x):
-      return x._replace(nu=jax.tree.map(lambda v: v * scale, x.nu))
+      return x._replace(
+          mu=jax.tree.map(lambda v: v * mu_scale, x.mu),
+          nu=jax.tree.map(lambda v: v * scale, x.nu),
+      )
     return x
 
   return jax.tree.map(fix, opt_state, is_leaf=is_adam)

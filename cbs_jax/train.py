@@ -799,12 +799,16 @@ def switch_batch(config, state: run_state.RunState, P_old: int, P_new: int) -> d
   iv = state.noise.interval(b.adaptive_z)
   b_noise = iv["b_noise"] if iv["resolved"] else None
   scale = batch_switch.nu_scale(P_old // M * K, P_new // M * K, b_noise)
-  if b.adaptive_rescale_nu:
-    state.opt_state = batch_switch.rescale_nu(state.opt_state, scale)
+  mu_scale = math.sqrt(scale) if b.adaptive_rescale_mu else 1.0
+  if b.adaptive_rescale_nu or b.adaptive_rescale_mu:
+    state.opt_state = batch_switch.rescale_nu(
+        state.opt_state, scale if b.adaptive_rescale_nu else 1.0, mu_scale
+    )
   n = state.counters
   if n.lr is not None:
     n.switch_step, n.switch_lr_from = n.step, n.lr
-  return {"adaptive/nu_scale": scale if b.adaptive_rescale_nu else 1.0}
+  out = {"adaptive/nu_scale": scale if b.adaptive_rescale_nu else 1.0}
+  return out | ({"adaptive/mu_scale": mu_scale} if b.adaptive_rescale_mu else {})
 
 
 def round_time_fields(trainer: Trainer, state: run_state.RunState, P: int, seconds: float) -> dict:

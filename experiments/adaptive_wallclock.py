@@ -79,7 +79,8 @@ def parse_args(argv=None):
       "--switch_ablation",
       action="store_true",
       help="also run the first accelerator's adaptive arm with Adam's second moment kept "
-      "(no rescale) and with the new lr at once (no ramp): which part of a switch costs",
+      "(no rescale), with the new lr at once (no ramp) and with the first moment rescaled "
+      "too: which part of a switch costs",
   )
   ap.add_argument(
       "--modelled_ns",
@@ -143,6 +144,10 @@ def arms(args, ad, fx):
     modelled[f"adaptive {a}, no ramp"] = (
         ad,
         {"batch.adaptive_round_time": a, "batch.adaptive_switch_warmup": 0},
+    )
+    modelled[f"adaptive {a}, mu rescaled"] = (
+        ad,
+        {"batch.adaptive_round_time": a, "batch.adaptive_rescale_mu": True},
     )
   bad = [n for n in args.modelled_ns if n % K]
   if bad:

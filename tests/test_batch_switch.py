@@ -21,8 +21,9 @@ B1, B2 = 0.9, 0.99
 def _adam_run(G, sigma, batches, seed):
   """optax.adam on a linear loss (the gradient does not depend on the
   parameters): step t sees G + sigma * xi / sqrt(batches[t]). A batch entry
-  ``("switch", scale)`` rescales nu instead of stepping. Returns the
-  updates [T, D] and the opt state at each step."""
+  ``("switch", scale)`` rescales nu, ``("switch", scale, mu_scale)`` nu and
+  mu, instead of stepping. Returns the updates [T, D] and the opt state at
+  each step."""
   rng = np.random.default_rng(seed)
   tx = optax.adam(1e-3, b1=B1, b2=B2, eps=1e-12)
   params = jnp.zeros(G.shape)
@@ -31,7 +32,7 @@ def _adam_run(G, sigma, batches, seed):
   ups, nus = [], []
   for b in batches:
     if isinstance(b, tuple):
-      state = batch_switch.rescale_nu(state, b[1])
+      state = batch_switch.rescale_nu(state, *b[1:])
       continue
     g = G + sigma * rng.standard_normal(G.shape) / np.sqrt(b)
     u, state = step(jnp.asarray(g, jnp.float32), state)
@@ -103,6 +104,30 @@ def test_nu_scale_limits_and_bad_input():
     batch_switch.nu_scale(0, 4, 1.0)
 
 
+@pytest.mark.parametrize("b_old, b_new", [(256, 4096), (4096, 256)])
+def test_rescaled_first_moment_makes_the_first_steps_match_a_fresh_run(b_old, b_new):
+  """Noise-dominated (|G|^2 negligible against sigma^2 / B): Adam's step
+  m / sqrt(nu) then has the same distribution at every B, so the first
+  updates after a switch with mu and nu both rescaled match a run that has
+  been at b_new all along (RMS over 2,048 coordinates and the first 5
+  updates, within 10%); with nu alone they are off toward sqrt(b_new / b_old),
+  the first moment's old noise over the new second moment (by less as
+  new gradients mix in)."""
+  D = 2048
+  G = np.full(D, 1e-4, np.float32)
+  sigma = np.ones(D, np.float32)
+  scale = batch_switch.nu_scale(b_old, b_new, None)
+  warm = [b_old] * 500
+  after = [b_new] * 5
+  both, _ = _adam_run(G, sigma, warm + [("switch", scale, np.sqrt(scale))] + after, seed=1)
+  nu_only, _ = _adam_run(G, sigma, warm + [("switch", scale)] + after, seed=1)
+  fresh, _ = _adam_run(G, sigma, [b_new] * 505, seed=2)
+  want = _rms(fresh[-5:])
+  assert _rms(both[-5:]) == pytest.approx(want, rel=0.10)
+  ratio = _rms(nu_only[-5:]) / want  # off toward sqrt(b_new / b_old) (4 or 1/4), by > 1.3x
+  assert np.sign(np.log(ratio)) == np.sign(np.log(b_new / b_old)) and abs(np.log(ratio)) > np.log(1.3)
+
+
 def test_rescale_nu_touches_only_the_second_moment():
   params = {"a": jnp.ones((3,)), "b": jnp.ones((2, 2))}
   tx = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(1e-3))
@@ -123,9 +148,11 @@ def test_ramp_goes_linearly_from_the_old_rate_to_the_new():
   assert batch_switch.ramp(10, 10, 1.0, 3.0, 0) == 3.0
 
 
-def test_switch_batch_rescales_nu_with_the_trackers_b_noise_and_starts_the_ramp():
+@pytest.mark.parametrize("rescale_mu", [False, True])
+def test_switch_batch_rescales_nu_with_the_trackers_b_noise_and_starts_the_ramp(rescale_mu):
   c = config_lib.base_config()
   c.batch.rollouts_per_prompt = 16
+  c.batch.adaptive_rescale_mu = rescale_mu
   params = {"w": jnp.ones((4,))}
   tx = train.make_optimizer(c.optim)
   opt = tx.init(params)
@@ -148,10 +175,16 @@ def test_switch_batch_rescales_nu_with_the_trackers_b_noise_and_starts_the_ramp(
       log=run_state.RunLog(),
   )
   nu0 = np.asarray(train.gradstats.adam_state(opt).nu["w"])
+  mu0 = np.asarray(train.gradstats.adam_state(opt).mu["w"])
   fields = train.switch_batch(c, state, 16, 64)
   want = batch_switch.nu_scale(256, 1024, iv["b_noise"])
   assert fields["adaptive/nu_scale"] == pytest.approx(want)
   np.testing.assert_allclose(
       np.asarray(train.gradstats.adam_state(state.opt_state).nu["w"]), want * nu0, rtol=1e-6
+  )
+  mu_want = np.sqrt(want) if rescale_mu else 1.0
+  assert fields.get("adaptive/mu_scale", 1.0) == pytest.approx(mu_want)
+  np.testing.assert_allclose(
+      np.asarray(train.gradstats.adam_state(state.opt_state).mu["w"]), mu_want * mu0, rtol=1e-6
   )
   assert state.counters.switch_step == 7 and state.counters.switch_lr_from == 2e-4
