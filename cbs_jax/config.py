@@ -115,7 +115,7 @@ def base_config() -> ConfigDict:
   # old batch's to the new batch's rate after a switch (0: jump)
   c.batch.adaptive_rescale_nu = True  # adaptive: rescale Adam's second moment for the new
   # batch on a switch (cbs_jax/batch_switch.py)
-  c.batch.adaptive_rescale_mu = False  # adaptive: and the first moment's noise with it
+  c.batch.adaptive_rescale_mu = True  # adaptive: and the first moment's noise with it
   # (by the square root of nu's factor: the step right after a switch equals the one before)
   c.batch.staleness = 0  # rounds the behaviour policy lags (async-style generation)
 

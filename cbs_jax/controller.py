@@ -217,6 +217,8 @@ class AdaptiveBatch:
 
   def _update_time(self, rnd: int, signal: dict, value: float) -> int:
     self.target = math.nan
+    if rnd == 0 and not signal["resolved"]:
+      return self._start(signal.get("floor", 0.0))
     if not signal["resolved"]:
       return self._update_on_floor(rnd, signal.get("floor", 0.0))
     f, h = self.factor, self.hysteresis
@@ -237,6 +239,23 @@ class AdaptiveBatch:
           self.held_for_cost += 1
           return self.prompts
       self._move(new)
+    return self.prompts
+
+  def _start(self, floor: float) -> int:
+    """Round 0, before any evidence on B beyond B >= ``floor`` (0 for a
+    fresh run): the bucket with the least worst-case slowdown over every B
+    the evidence allows (``time_optimal.minimax_n``) -- nothing has been
+    compiled yet, so the move costs nothing. On a launch-bound accelerator
+    (round time nearly flat in N) that is a large batch from the start
+    instead of rounds at a small one while the signal resolves."""
+    floor = floor if math.isfinite(floor) and floor > 0 else 0.0
+    ns = [p * self.K for p in self.buckets]
+    try:
+      new = time_optimal.minimax_n(ns, self.factor * floor, self.round_times) // self.K
+    except ValueError:  # no round time measured yet and no model: keep the start
+      return self.prompts
+    self.target = float(new)
+    self._move(new)
     return self.prompts
 
   def _update_on_floor(self, rnd: int, floor: float) -> int:

@@ -59,6 +59,40 @@ def best_n(ns: Sequence[int], b: float, round_time: Callable[[int], float]) -> i
   return int(ns[int(np.argmin(t))])
 
 
+def minimax_n(ns: Sequence[int], b_lo: float, round_time: Callable[[int], float]) -> int:
+  """The N of ``ns`` whose time to a target is the least multiple of the
+  best N's time at the worst B >= ``b_lo`` (ties: the smaller N): the
+  choice before B is known. Each N's ``relative_time`` is linear in B and
+  the best of them a concave piecewise-linear function, so the ratio is
+  monotone between the crossings of any two lines; its maximum over
+  [b_lo, inf] is at b_lo, at a crossing or as B -> inf (seconds per
+  rollout), which are all evaluated. Where round time barely grows with N
+  (launch-bound accelerators) this is a large N: a small one would be many
+  times slower at a large B and the large one only slightly slower at a
+  small B."""
+  if not len(ns):
+    raise ValueError("minimax_n needs at least one batch size")
+  if not b_lo >= 0:
+    raise ValueError(f"b_lo={b_lo!r} must be >= 0")
+  t = {n: float(round_time(n)) for n in ns}
+  bs = {float(b_lo)}
+  for i in ns:
+    for j in ns:
+      slope = t[i] / i - t[j] / j
+      if i < j and slope != 0:
+        b = (t[j] - t[i]) / slope  # where the two lines cross
+        if math.isfinite(b) and b > b_lo:
+          bs.add(b)
+  per_rollout = min(t[n] / n for n in ns)
+  best = {b: min(relative_time(n, b, t[n]) for n in ns) for b in bs}
+
+  def regret(n):
+    at = [relative_time(n, b, t[n]) / best[b] for b in bs]
+    return max(at + [t[n] / n / per_rollout])
+
+  return min(ns, key=lambda n: (regret(n), n))
+
+
 def repays(t_cur: float, t_new: float, horizon_s: float, cost_s: float) -> bool:
   """Whether moving from relative time ``t_cur`` to ``t_new`` (per unit of
   progress) saves more than ``cost_s`` seconds over ``horizon_s`` seconds

@@ -79,8 +79,8 @@ def parse_args(argv=None):
       "--switch_ablation",
       action="store_true",
       help="also run the first accelerator's adaptive arm with Adam's second moment kept "
-      "(no rescale), with the new lr at once (no ramp) and with the first moment rescaled "
-      "too: which part of a switch costs",
+      "(no rescale), with the new lr at once (no ramp) and with the first moment kept: "
+      "which part of a switch costs",
   )
   ap.add_argument(
       "--modelled_ns",
@@ -145,9 +145,9 @@ def arms(args, ad, fx):
         ad,
         {"batch.adaptive_round_time": a, "batch.adaptive_switch_warmup": 0},
     )
-    modelled[f"adaptive {a}, mu rescaled"] = (
+    modelled[f"adaptive {a}, mu kept"] = (
         ad,
-        {"batch.adaptive_round_time": a, "batch.adaptive_rescale_mu": True},
+        {"batch.adaptive_round_time": a, "batch.adaptive_rescale_mu": False},
     )
   bad = [n for n in args.modelled_ns if n % K]
   if bad:

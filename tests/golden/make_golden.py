@@ -83,6 +83,7 @@ def adaptive_offpolicy():
       ("adaptive_objective", "steps"),
       ("adaptive_switch_warmup", 0),
       ("adaptive_rescale_nu", False),
+      ("adaptive_rescale_mu", False),
   ):
     if field in c.batch:
       c.batch[field] = value
