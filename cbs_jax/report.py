@@ -203,7 +203,9 @@ def read_rows(path: str) -> list[dict]:
       return v
     return int(x) if x.is_integer() and "." not in v and "e" not in v.lower() else x
 
-  return [{k: cell(v) for k, v in r.items()} for r in csv.DictReader(io.StringIO(paths.read_text(path)))]
+  return [
+      {k: cell(v) for k, v in r.items()} for r in csv.DictReader(io.StringIO(paths.read_text(path)))
+  ]
 
 
 def markdown_table(rows: Sequence[dict], columns: Sequence[str], fmt: dict | None = None) -> str:

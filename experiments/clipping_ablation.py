@@ -111,7 +111,9 @@ def engagement(records: list[dict], same_as_base: bool = False) -> str:
 
 def identical(a: dict, b: dict) -> bool:
   keys = ("kappa_mean", "kappa_final", "final_pass")
-  return all(a[k] == b[k] for k in keys) and np.array_equal(a["curve"]["value"], b["curve"]["value"])
+  return all(a[k] == b[k] for k in keys) and np.array_equal(
+      a["curve"]["value"], b["curve"]["value"]
+  )
 
 
 def save_records(out, rec: dict) -> None:

@@ -125,7 +125,9 @@ def test_rescaled_first_moment_makes_the_first_steps_match_a_fresh_run(b_old, b_
   want = _rms(fresh[-5:])
   assert _rms(both[-5:]) == pytest.approx(want, rel=0.10)
   ratio = _rms(nu_only[-5:]) / want  # off toward sqrt(b_new / b_old) (4 or 1/4), by > 1.3x
-  assert np.sign(np.log(ratio)) == np.sign(np.log(b_new / b_old)) and abs(np.log(ratio)) > np.log(1.3)
+  assert np.sign(np.log(ratio)) == np.sign(np.log(b_new / b_old)) and abs(np.log(ratio)) > np.log(
+      1.3
+  )
 
 
 def test_rescale_nu_touches_only_the_second_moment():

@@ -44,7 +44,15 @@ FLAGS = {
         "--rounds",
         "--quick",
     ],
-    "clipping_ablation": ["--root", "--out", "--variants", "--epochs", "--seeds", "--replot", "--quick"],
+    "clipping_ablation": [
+        "--root",
+        "--out",
+        "--variants",
+        "--epochs",
+        "--seeds",
+        "--replot",
+        "--quick",
+    ],
     "noise_over_training": [
         "--workdir",
         "--prompts",

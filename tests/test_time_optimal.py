@@ -359,7 +359,10 @@ def test_start_goes_large_when_round_time_is_flat_and_small_when_it_is_proportio
   in N) starts at the largest bucket, a throughput-bound one (time
   proportional to N) at the smallest; a resolved signal later acts as
   before."""
-  for round_s, want in ((lambda n: 1e-3 * (1 + n / 1e5), BUCKETS[1]), (lambda n: n / 3500, BUCKETS[0])):
+  for round_s, want in (
+      (lambda n: 1e-3 * (1 + n / 1e5), BUCKETS[1]),
+      (lambda n: n / 3500, BUCKETS[0]),
+  ):
     ctl = controller.AdaptiveBatch(
         K, *BUCKETS, every=5, prompts=16, objective="time", round_times=round_s
     )
