@@ -50,7 +50,7 @@ def nu_scale(b_old: float, b_new: float, b_noise: float | None) -> float:
   return b_old * (b_new + b_noise) / (b_new * (b_old + b_noise))
 
 
-def rescale_nu(opt_state, scale: float, mu_scale: float = 1.0):
+def rescale_moments(opt_state, scale: float, mu_scale: float = 1.0):
   """``opt_state`` with every ``optax.ScaleByAdamState``'s nu times
   ``scale`` and mu times ``mu_scale`` (the step count unchanged)."""
   is_adam = lambda x: isinstance(x, optax.ScaleByAdamState)

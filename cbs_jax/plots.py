@@ -104,6 +104,15 @@ def _legend(ax, **kw):
     ax.legend(fontsize=7, frameon=False, **kw)
 
 
+def _log(ax, axis: str, base: float = 10) -> None:
+  """A log scale on ``axis`` ("x" or "y") where that axis holds positive
+  data; an axis with none (every run failed to reach, say) stays linear,
+  where matplotlib's log locator would raise on save."""
+  lim = ax.dataLim
+  if np.isfinite(lim.minposx if axis == "x" else lim.minposy):
+    (ax.set_xscale if axis == "x" else ax.set_yscale)("log", base=base)
+
+
 def _log_ok(*arrays) -> bool:
   v = np.concatenate([np.ravel(_arr(a)) for a in arrays if a is not None])
   v = v[np.isfinite(v)]
@@ -154,7 +163,7 @@ def learning_curves(
     ax.set_xlabel(xl)
     ax.set_ylabel(ylabel)
     if logx:
-      ax.set_xscale("log")
+      _log(ax, "x")
     ax.grid(True, which="major", linewidth=0.3, color="0.8")
   ax_r.set_title("by rollouts", fontsize=9)
   ax_s.set_title(f"by {step_label}", fontsize=9)
@@ -299,8 +308,8 @@ def pareto(
           label=f"B_crit {lvl}interval [{lo:.3g}, {hi:.3g}] (N rays)",
       )
       band.set_gid("b_crit_interval")
-  ax.set_xscale("log")
-  ax.set_yscale("log")
+  _log(ax, "x")
+  _log(ax, "y")
   ax.set_xlabel("rollouts to target E (rollouts)")
   ax.set_ylabel(f"steps to target S ({step_label})")
   ax.grid(True, which="major", linewidth=0.3, color="0.8")
@@ -416,8 +425,8 @@ def steps_vs_batch(
           label=f"B_crit {lvl}interval [{lo:.3g}, {hi:.3g}]",
       )
       span.set_gid("b_crit_interval")
-  ax.set_xscale("log")
-  ax.set_yscale("log")
+  _log(ax, "x")
+  _log(ax, "y")
   ax.set_xlabel("batch size N (rollouts per step)")
   ax.set_ylabel(f"steps to target S ({step_label})")
   for j, (label, (v, lo, hi)) in enumerate(_noise_marks(b_noise)):
@@ -499,9 +508,9 @@ def noise_over_training(
   if logy is None:
     logy = _log_ok(*series.values())
   if logy:
-    ax.set_yscale("log")
+    _log(ax, "y")
   if logx:
-    ax.set_xscale("log", base=2)
+    _log(ax, "x", base=2)
   ax.set_xlabel(xlabel)
   ax.set_ylabel(ylabel)
   ax.grid(True, which="major", linewidth=0.3, color="0.8")
@@ -645,7 +654,7 @@ def noise_vs_kappa(
   ax.set_xlabel(xlabel)
   ax.set_ylabel(ylabel)
   if logy:
-    ax.set_yscale("log")
+    _log(ax, "y")
   ax.grid(True, linewidth=0.3, color="0.8")
   _legend(ax, loc="best")
   ax.set_title(title or "noise vs drift", fontsize=10)
@@ -678,7 +687,7 @@ def adaptive_batch(
       x, n, linestyle="none", marker="o", markersize=3, color="0.0", markevery=_markevery(n.size)
   )
   if _log_ok(n):
-    ax_n.set_yscale("log", base=2)
+    _log(ax_n, "y", base=2)
     ax_n.yaxis.set_major_formatter(ticker.FuncFormatter(lambda v, _: f"{v:g}"))
   if predicted is not None:
     ax_n.step(
@@ -721,7 +730,7 @@ def adaptive_batch(
         color="0.3",
     )
   if _log_ok(s, lo, hi):
-    ax_s.set_yscale("log")
+    _log(ax_s, "y")
   ax_s.set_ylabel(signal_label)
   ax_s.set_xlabel(xlabel)
   for ax in (ax_n, ax_s):
@@ -751,8 +760,8 @@ def lr_envelope(
     ax.plot(
         grid, c * grid**alpha, "-", color=COLORS[3], linewidth=1.3, label=f"fit α = {alpha:.2f}"
     )
-  ax.set_xscale("log", base=2)
-  ax.set_yscale("log")
+  _log(ax, "x", base=2)
+  _log(ax, "y")
   ax.set_xlabel("batch size N (rollouts per round)")
   ax.set_ylabel("learning rate")
   if title:
@@ -817,8 +826,8 @@ def laws(series: Sequence[Mapping[str, Any]], title=None, step_label: str = "rou
             linewidth=1.0,
             ms=10,
         )
-  ax.set_xscale("log", base=2)
-  ax.set_yscale("log")
+  _log(ax, "x", base=2)
+  _log(ax, "y")
   ax.set_xlabel("batch size N (rollouts per round)")
   ax.set_ylabel(f"steps to target S ({step_label})")
   ax.grid(True, which="major", linewidth=0.3, color="0.8")
@@ -857,8 +866,8 @@ def rule_ratios(rows: Sequence[Mapping[str, Any]], bar: float = 1.25, title=None
       )
   ax.axhline(1.0, color="0.3", linewidth=0.8)
   ax.axhline(bar, color="0.3", linewidth=0.9, linestyle=(0, (4, 2)), label=f"holds below {bar:g}")
-  ax.set_xscale("log", base=2)
-  ax.set_yscale("log")
+  _log(ax, "x", base=2)
+  _log(ax, "y")
   ax.set_xlabel("batch size N (rollouts per round)")
   ax.set_ylabel("rollouts to target: rule / envelope best")
   ax.grid(True, which="major", linewidth=0.3, color="0.8")
@@ -898,8 +907,8 @@ def xy_series(
   for j, (label, v) in enumerate((hlines or {}).items()):
     ax.axhline(v, color="0.35", linewidth=0.9, linestyle=LINESTYLES[(j + 1) % 7], label=label)
   if log:
-    ax.set_xscale("log", base=2)
-    ax.set_yscale("log")
+    _log(ax, "x", base=2)
+    _log(ax, "y")
   ax.set_xlabel(xlabel)
   ax.set_ylabel(ylabel)
   ax.grid(True, which="major", linewidth=0.3, color="0.8")

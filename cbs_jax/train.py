@@ -801,7 +801,7 @@ def switch_batch(config, state: run_state.RunState, P_old: int, P_new: int) -> d
   scale = batch_switch.nu_scale(P_old // M * K, P_new // M * K, b_noise)
   mu_scale = math.sqrt(scale) if b.adaptive_rescale_mu else 1.0
   if b.adaptive_rescale_nu or b.adaptive_rescale_mu:
-    state.opt_state = batch_switch.rescale_nu(
+    state.opt_state = batch_switch.rescale_moments(
         state.opt_state, scale if b.adaptive_rescale_nu else 1.0, mu_scale
     )
   n = state.counters

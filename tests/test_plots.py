@@ -341,6 +341,19 @@ def test_laws_draws_each_fit_and_marks_a_series_without_one():
   assert any(t.startswith("a: B_crit") for t in labels) and "b (no fit)" in labels
 
 
+def test_a_law_no_run_reached_saves_on_linear_axes(tmp_path):
+  """No run reached the target (a --quick sweep can end so): the figure
+  saves with linear axes (a log locator raises where an axis holds no
+  positive data); an axis that has data is still logarithmic."""
+  fig = plots.laws([dict(label="a", N=[8, 16], S=[None, math.nan], fit=dict(error="no data"))])
+  fig.savefig(tmp_path / "laws.png")
+  (ax,) = fig.axes
+  assert ax.get_yscale() == "linear"
+  fig = plots.xy_series([dict(label="s", x=[2, 4], y=[0.0, -1.0])], "x", "y")
+  fig.savefig(tmp_path / "xy.png")
+  assert (fig.axes[0].get_xscale(), fig.axes[0].get_yscale()) == ("log", "linear")
+
+
 def test_rule_ratios_puts_unreached_rules_on_the_top_edge():
   rows = [dict(rule="sqrt", N=n, ratio=r) for n, r in ((64, 1.1), (256, 1.0))]
   rows += [dict(rule="linear", N=n, ratio=r) for n, r in ((64, 1.6), (256, math.inf))]
