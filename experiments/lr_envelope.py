@@ -368,7 +368,7 @@ def study_config(quick: bool, arm: str = "on"):
 def analyse(args, recs, tgt, lr0, ref, t_start):
   out = report.Results(NAME, root=args.out)
   main_t = float(tgt[len(tgt) // 2])
-  table, fits, alphas, ratios, fit_runs = [], {}, {}, [], {}
+  table, fits, alphas, ratios, fit_runs, ranges = [], {}, {}, [], {}, []
   for t in map(float, tgt):
     env = lr_envelope.envelope(as_envelope_records(recs, t), n_boot=2000)
     env_s = {r["N"]: r for r in lr_envelope.envelope(as_envelope_records(recs, t, "rounds"))}
@@ -396,6 +396,7 @@ def analyse(args, recs, tgt, lr0, ref, t_start):
     ]
     fit_runs[t] = best_runs
     fits[t] = _fit(best_runs, t)
+    ranges += range_rows(best_runs, t)
     try:
       alphas[t] = lr_envelope.lr_exponent(env)
     except ValueError as e:
@@ -478,6 +479,20 @@ def analyse(args, recs, tgt, lr0, ref, t_start):
       w = csv.DictWriter(f, fieldnames=list(dict.fromkeys(k for r in flat for k in r)))
       w.writeheader()
       w.writerows(flat)
+  if ranges:  # appended below the envelope (and the decision, when there is one)
+    with open(out.path(".md"), "a") as f:
+      f.write(
+          "\n## Range sensitivity: the law refitted over sub-ranges of N\n\n"
+          + report.markdown_table(
+              ranges,
+              ["target", "range", "N_min", "N_max", "points", "B_crit", "verdict", "lack_of_fit_p"],
+          )
+          + "\n\nEach row refits S(N) = S_min (1 + B_crit / N) to the envelope's runs (each "
+          "N at its best rate) over the N range named, with the same bootstrap as the full "
+          "fit [90% interval]. A B_crit that moves outside the full fit's interval when "
+          "one end is dropped is decided by the range swept, not by the data within it.\n"
+      )
+    out.rows(ranges, "_ranges.csv")
   with open(out.path("_rules.csv"), "w", newline="") as f:
     if ratios:
       w = csv.DictWriter(f, fieldnames=list(ratios[0]))
@@ -573,6 +588,41 @@ def _fit(runs, t) -> dict:
     )
   except ValueError as e:
     return dict(error=str(e), verdict="unresolved")
+
+
+RANGES = (  # (label, N points dropped at the small end, at the large end)
+    ("all N", 0, 0),
+    ("drop the smallest", 1, 0),
+    ("drop the largest", 0, 1),
+    ("drop one at each end", 1, 1),
+    ("drop the two smallest", 2, 0),
+    ("drop the two largest", 0, 2),
+)
+
+
+def range_rows(runs, t: float) -> list[dict]:
+  """The law refitted over sub-ranges of the envelope's batch sizes at
+  target ``t`` (``RANGES``): how much B_crit depends on which N the sweep
+  spans. ``runs``: the records the full fit used (each N at its best rate)."""
+  ns = sorted({r["N"] for r in runs})
+  rows = []
+  for label, lo, hi in RANGES:
+    keep = ns[lo : len(ns) - hi]
+    f = _fit([r for r in runs if r["N"] in keep], t) if len(keep) >= 3 else {"error": "< 3 N"}
+    ok = "error" not in f
+    rows.append(
+        dict(
+            target=t,
+            range=label,
+            N_min=keep[0] if keep else None,
+            N_max=keep[-1] if keep else None,
+            points=len(keep),
+            B_crit=stats.Estimate(f["B_crit"], f["B_crit_lo"], f["B_crit_hi"]) if ok else None,
+            verdict=f["verdict"] if ok else f"no fit ({f['error']})",
+            lack_of_fit_p=(f.get("lack_of_fit") or {}).get("p_value") if ok else None,
+        )
+    )
+  return rows
 
 
 def _b_cells(prefix: str, f: dict) -> dict:

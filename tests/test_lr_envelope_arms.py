@@ -164,3 +164,38 @@ def test_decision_on_the_envelope_is_e_over_throughput_and_the_doubling_rule(tmp
   assert rows[0]["doubling_pays"] and not rows[1]["doubling_pays"]  # 1.05 < 1.25
   assert "gain" not in rows[2]
   assert L.decision_rows(table, str(tmp_path / "none.json"), T) is None
+
+
+def test_range_rows_refit_each_sub_range_and_show_a_drifting_knee():
+  """``range_rows``: the six sub-ranges of N with the right ends. On the law
+  itself (3% seed scatter) every sub-range recovers B_crit = 2,000; on a
+  misfitting law whose knee grows with N (b(N) = 1,000 (N / 512)^0.4) the
+  fit without the small end lies above the full fit, without the large end
+  below it."""
+  ns = [64, 128, 256, 512, 1024, 2048, 4096]
+  rng = np.random.default_rng(1)
+
+  def runs(b):
+    return [
+        {"N": n, "seed": s, f"rounds@{T}": 5.0 * (1 + b(n) / n) * (1 + 0.03 * rng.normal())}
+        for n in ns
+        for s in range(3)
+    ]
+
+  rows = L.range_rows(runs(lambda n: 2000.0), T)
+  assert [r["range"] for r in rows] == [label for label, _, _ in L.RANGES]
+  assert [(r["N_min"], r["N_max"], r["points"]) for r in rows] == [
+      (64, 4096, 7),
+      (128, 4096, 6),
+      (64, 2048, 6),
+      (128, 2048, 5),
+      (256, 4096, 5),
+      (64, 1024, 5),
+  ]
+  for r in rows:
+    assert r["B_crit"].value == pytest.approx(2000, rel=0.15), r
+  by = {
+      r["range"]: r["B_crit"].value for r in L.range_rows(runs(lambda n: 1e3 * (n / 512) ** 0.4), T)
+  }
+  assert by["drop the two smallest"] > by["drop the smallest"] > by["all N"]
+  assert by["drop the two largest"] < by["drop the largest"] < by["all N"]
