@@ -841,9 +841,10 @@ def laws(series: Sequence[Mapping[str, Any]], title=None, step_label: str = "rou
 
 
 def rule_ratios(rows: Sequence[Mapping[str, Any]], bar: float = 1.25, title=None) -> Figure:
-  """E_rule(N) / E*(N) per learning-rate rule (``rows``: rule, N, ratio;
-  an infinite ratio -- some seed never reached -- drawn as a triangle at
-  the top edge), with the ``bar`` under which a rule holds."""
+  """E_rule(N) / E*(N) per learning-rate rule (``rows``: rule, N, ratio,
+  optional lo / hi: its interval, drawn as error bars, an open upper end as
+  an upward tick; an infinite ratio -- some seed never reached -- drawn as
+  a triangle at the top edge), with the ``bar`` under which a rule holds."""
   fig, (ax,) = _new(1, size=(6.4, 3.8))
   top = transforms.blended_transform_factory(ax.transData, ax.transAxes)
   for i, rule in enumerate(dict.fromkeys(r["rule"] for r in rows)):
@@ -854,6 +855,20 @@ def rule_ratios(rows: Sequence[Mapping[str, Any]], bar: float = 1.25, title=None
     ax.plot(
         n[ok], y[ok], marker=st["marker"], linestyle=st["linestyle"], color=st["color"], label=rule
     )
+    if all("lo" in r and "hi" in r for r in rs):
+      lo, hi = _arr([r["lo"] for r in rs]), _arr([r["hi"] for r in rs])
+      shut = ok & np.isfinite(hi)
+      ax.errorbar(
+          n[shut],
+          y[shut],
+          yerr=[y[shut] - lo[shut], hi[shut] - y[shut]],
+          fmt="none",
+          color=st["color"],
+          capsize=2,
+          linewidth=0.9,
+      )
+      if (ok & ~shut).any():
+        ax.plot(n[ok & ~shut], y[ok & ~shut] * 1.08, "2", color=st["color"], ms=9)
     if (~ok).any():
       ax.plot(
           n[~ok],
@@ -870,6 +885,16 @@ def rule_ratios(rows: Sequence[Mapping[str, Any]], bar: float = 1.25, title=None
   _log(ax, "y")
   ax.set_xlabel("batch size N (rollouts per round)")
   ax.set_ylabel("rollouts to target: rule / envelope best")
+  if any("lo" in r for r in rows):
+    ax.text(
+        0.01,
+        0.01,
+        "bars: 90% bootstrap interval (seeds resampled in every cell, argmin retaken); "
+        "tick above a point: interval open above",
+        transform=ax.transAxes,
+        fontsize=6,
+        color="0.3",
+    )
   ax.grid(True, which="major", linewidth=0.3, color="0.8")
   _legend(ax)
   if title:

@@ -83,6 +83,9 @@ CAP = 3.0  # a run's budget: CAP x the fewest rollouts to the highest target so 
 MIN_SEEDS = 3
 MAX_RATES = 8  # a scan that has not bracketed its best in 8 x2 steps stops there (flagged)
 RULES = ("constant", "sqrt", "linear")
+# a rule holds at N where E_rule / E*'s interval lies below this, fails where
+# it lies at or above it, and is unresolved where the interval straddles it
+HOLDS = 1.25
 ARMS = ("on", "warmup5", "off4", "off8")
 WARMUP_STEPS = 5  # the first design's optim.warmup_steps
 OFF_NS = (
@@ -193,8 +196,17 @@ def save_records(path: str, recs: list[dict]) -> None:
 
 
 def as_envelope_records(recs, t: float, x: str = "rollouts") -> list[dict]:
+  """The envelope's records at target ``t``. A run stopped by its cap is
+  capped at the targets it had not reached when stopped; a target it
+  reached before the cap keeps its value (it was reached in budget)."""
   return [
-      dict(N=r["N"], lr=r["lr"], seed=r["seed"], value=r.get(f"{x}@{t}"), capped=r["capped"])
+      dict(
+          N=r["N"],
+          lr=r["lr"],
+          seed=r["seed"],
+          value=r.get(f"{x}@{t}"),
+          capped=bool(r["capped"]) and r.get(f"{x}@{t}") is None,
+      )
       for r in recs
   ]
 
@@ -404,22 +416,18 @@ def analyse(args, recs, tgt, lr0, ref, t_start):
     for row in env:
       for rule in RULES:
         lr = rule_rate(rule, row["N"], lr0, ref)
-        cell = [
-            r.get(f"rollouts@{t}")
-            for r in recs
-            if r["N"] == row["N"] and r["lr"] == lr and lr is not None
-        ]
-        if not cell or not math.isfinite(row["best"]):
+        scanned = [k for k, v in enumerate(row["lrs"]) if lr is not None and math.isclose(v, lr)]
+        if not scanned or not math.isfinite(row["best"]):
           continue
-        vals = [math.inf if v is None else v for v in cell]
+        q = lr_envelope.rate_ratio(row, lr)
         ratios.append(
             dict(
                 target=t,
                 N=row["N"],
                 rule=rule,
-                seeds=len(vals),
-                ratio=float(np.mean(vals)) / row["best"],
-                holds=bool(np.isfinite(vals).all() and np.mean(vals) / row["lo"] < 1.25),
+                seeds=row["seeds"][scanned[0]],
+                ratio=stats.Estimate(q["ratio"], q["lo"], q["hi"]),
+                holds="yes" if q["hi"] < HOLDS else "no" if q["lo"] >= HOLDS else "unresolved",
             )
         )
   lines = []
@@ -493,11 +501,7 @@ def analyse(args, recs, tgt, lr0, ref, t_start):
           "one end is dropped is decided by the range swept, not by the data within it.\n"
       )
     out.rows(ranges, "_ranges.csv")
-  with open(out.path("_rules.csv"), "w", newline="") as f:
-    if ratios:
-      w = csv.DictWriter(f, fieldnames=list(ratios[0]))
-      w.writeheader()
-      w.writerows(ratios)
+  out.rows(ratios, "_rules.csv")
   series = []
   for t in map(float, tgt):
     runs = fit_runs[t]
@@ -517,7 +521,12 @@ def analyse(args, recs, tgt, lr0, ref, t_start):
   if main_rules:
     out.figure(
         plots.rule_ratios(
-            main_rules, title=f"each rule's rate against the envelope, target {main_t}"
+            [
+                dict(r, ratio=r["ratio"].value, lo=r["ratio"].lo, hi=r["ratio"].hi)
+                for r in main_rules
+            ],
+            bar=HOLDS,
+            title=f"each rule's rate against the envelope, target {main_t}",
         ),
         "_rules.png",
     )

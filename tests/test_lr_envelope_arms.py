@@ -199,3 +199,15 @@ def test_range_rows_refit_each_sub_range_and_show_a_drifting_knee():
   }
   assert by["drop the two smallest"] > by["drop the smallest"] > by["all N"]
   assert by["drop the two largest"] < by["drop the largest"] < by["all N"]
+
+
+def test_a_capped_run_keeps_the_targets_it_reached_before_its_cap():
+  """Stopped by its cap after crossing 0.50 but not 0.54: at 0.50 it is a
+  run that reached (its value counts), at 0.54 a capped run (not reached)."""
+  r = {"N": 256, "lr": 3e-4, "seed": 0, "capped": True, "rollouts@0.5": 8e3, "rollouts@0.54": None}
+  (low,) = L.as_envelope_records([r], 0.5)
+  (high,) = L.as_envelope_records([r], 0.54)
+  assert (low["value"], low["capped"]) == (8e3, False)
+  assert (high["value"], high["capped"]) == (None, True)
+  done = dict(r, capped=False, **{"rollouts@0.54": 1e4})
+  assert L.as_envelope_records([done], 0.54)[0]["capped"] is False
