@@ -66,7 +66,11 @@ def parser(
   )
   if workers:
     ap.add_argument(
-        "--workers", type=int, default=2, help="runs at once, each single-threaded on its own core"
+        "--workers",
+        type=int,
+        default=None,
+        help="runs at once, each single-threaded on its own core (default 2; --quick: 1, "
+        "since its runs are too short to repay a worker process's start)",
     )
   ap.add_argument("--quick", action="store_true", help="tiny smoke version (minutes)")
   ap.set_defaults(_quick_root=quick_root)
@@ -86,8 +90,11 @@ def parse(ap: argparse.ArgumentParser, argv=None) -> argparse.Namespace:
     on_root = ap.get_default("on_root")  # None without an --on_root flag
     if on_root is not None and args.on_root == on_root:
       args.on_root = os.path.join(args.out, "runs_on")
-  if getattr(args, "workers", 1) < 1:
-    ap.error(f"--workers={args.workers} must be >= 1")
+  if hasattr(args, "workers"):
+    if args.workers is None:
+      args.workers = 1 if args.quick else 2
+    if args.workers < 1:
+      ap.error(f"--workers={args.workers} must be >= 1")
   return args
 
 

@@ -7,6 +7,14 @@ The grid is the cartesian product of the JSON lists (a scalar is a list of
 one). In Python, ``run_sweep(base_config, overrides, root)`` takes the list
 of override dicts (dotted field -> value) directly.
 
+On a pod (``config.distributed.enabled``) every process runs the same
+command: the processes run each grid point together, in the same order, as
+one multi-process job. Which runs are finished is decided by process 0 from
+the shared root and broadcast, so no process skips a run another one runs;
+only process 0 writes ``config.json`` and ``results.jsonl``. The
+``distributed.*`` fields (coordinator, process id) describe the launch, not
+the run: they are not part of a run's identity.
+
 Each run lives in ``root/<name>`` and first stores its full config there as
 ``config.json``. On a restart a run whose workdir holds ``summary.json``
 (written by the trainer only when the run has finished) is not run again:
@@ -30,17 +38,23 @@ import os
 import re
 from typing import Any, Callable, Sequence
 
+import jax
 import ml_collections
+import numpy as np
 import tqdm
+from jax.experimental import multihost_utils
 
 from cbs_jax import config as config_lib
 from cbs_jax import paths
+from cbs_jax import sharding
 from cbs_jax import train
 
 RESULTS = "results.jsonl"
 # fields older runs stored that the config no longer has: values derived, not
 # chosen (the sampler's suppressed ids now live in run_setup.Setup.sampling)
 RETIRED = ("sampling.suppress_ids",)
+# fields that say how a run was launched (which process this is), not what it runs
+LAUNCH = "distributed."
 _UNSAFE = re.compile(r"[^A-Za-z0-9._=+-]")
 _MAX_NAME = 120
 
@@ -165,6 +179,7 @@ def _prepare_run(root, name, config) -> tuple[str, dict, bool]:
         for k in config_diff(have, want)
         if not (k not in fa and k in fd and fb.get(k) == fd[k])
         and not (k in RETIRED and k not in fb)
+        and not k.startswith(LAUNCH)
     ]
     if diff:
       detail = ", ".join(f"{k}: stored {fa.get(k)!r} vs now {fb.get(k)!r}" for k in diff)
@@ -225,7 +240,20 @@ def run_sweep(
   single-threaded runs side by side can finish a sweep sooner than one
   multi-threaded run at a time (``experiments/bench_parallel.py`` measures
   it). Only this process writes ``results.jsonl``.
+
+  With ``base_config.distributed.enabled`` every process of the job calls
+  this with the same arguments and the runs are made in lockstep (module
+  docstring); ``workers`` must then be 1.
   """
+  distributed = bool(base_config.distributed.enabled)
+  if distributed:
+    if workers != 1:
+      raise ValueError(
+          f"workers={workers!r}: a distributed sweep runs one grid point at a time on "
+          "every process (config.distributed.enabled); use workers=1"
+      )
+    sharding.initialize_distributed(base_config.distributed)  # before any computation
+  lead = not distributed or jax.process_index() == 0
   overrides = [dict(o) for o in overrides]
   if names is None:
     names = [run_name(o) for o in overrides]
@@ -248,32 +276,46 @@ def run_sweep(
       raise ValueError(f"sweep run {name!r} ({over}): {e}") from e
     runs.append((name, over, config))
   prepared = [_prepare_run(root, name, config) for name, _, config in runs]
-  paths.makedirs(root)
+  if lead:
+    paths.makedirs(root)
 
   if not isinstance(workers, int) or workers < 1:
     raise ValueError(f"workers={workers!r} must be an integer >= 1")
   rows = [None] * len(runs)
-  todo = []
-  for i, ((name, over, config), (workdir, cfg_json, stored)) in enumerate(zip(runs, prepared)):
-    if not stored:
+  summaries = []
+  for (name, over, config), (workdir, cfg_json, stored) in zip(runs, prepared):
+    if lead and not stored:
       paths.makedirs(workdir)
       paths.write_atomic(
           paths.join(workdir, "config.json"), json.dumps(cfg_json, indent=2, sort_keys=True)
       )
-    summary = _read_json(paths.join(workdir, "summary.json")) if stored else None
-    if summary is None:  # never finished (or its summary was torn): (re)run, resuming
+    summaries.append(_read_json(paths.join(workdir, "summary.json")) if stored else None)
+  finished = [s is not None for s in summaries]  # else never finished (or torn): (re)run
+  if distributed:  # process 0's view of the shared root, for every process
+    finished = [bool(f) for f in multihost_utils.broadcast_one_to_all(np.asarray(finished))]
+  todo = []
+  for i, ((name, over, _), (workdir, _, _)) in enumerate(zip(runs, prepared)):
+    if not finished[i]:
       todo.append(i)
-    else:
-      rows[i] = dict(name=name, overrides=over, workdir=workdir, summary=summary)
+      continue
+    summary = summaries[i] or _read_json(paths.join(workdir, "summary.json"))
+    if summary is None:
+      raise ValueError(
+          f"process 0 found run {name!r} finished but {workdir}/summary.json is not "
+          "readable from this process: is the sweep root on storage every host shares?"
+      )
+    rows[i] = dict(name=name, overrides=over, workdir=workdir, summary=summary)
+    if lead:
       _store_result(root, rows[i])
   bar = tqdm.tqdm(
-      total=len(runs), initial=len(runs) - len(todo), desc="sweep", disable=not progress
+      total=len(runs), initial=len(runs) - len(todo), desc="sweep", disable=not (progress and lead)
   )
 
   def finish(i, summary):
     name, over, _ = runs[i]
     rows[i] = dict(name=name, overrides=over, workdir=prepared[i][0], summary=summary)
-    _store_result(root, rows[i])
+    if lead:
+      _store_result(root, rows[i])
     bar.update(1)
 
   if workers == 1 or len(todo) <= 1:
@@ -328,6 +370,8 @@ def main(argv):
   except json.JSONDecodeError as e:
     raise ValueError(f"--sweep is not valid JSON ({e}): {_SWEEP.value!r}") from e
   rows = run_sweep(_CONFIG.value, grid(spec), _WORKDIR.value, workers=_WORKERS.value)
+  if jax.process_index() != 0:  # one listing per job
+    return
   for row in rows:
     s = row["summary"] or {}
     print(

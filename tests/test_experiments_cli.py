@@ -395,7 +395,8 @@ def test_bad_flag_is_an_error(script, flags, message, tmp_path, monkeypatch, cap
 
 def test_study_command_line_puts_quick_runs_under_out(tmp_path):
   """``study_runner.parser`` / ``parse``: the defaults, --quick's paths under
-  --out (what was given explicitly is kept), and a bad --workers is an error."""
+  --out and its one worker (what was given explicitly is kept), and a bad
+  --workers is an error."""
   ap = study_runner.parser("doc", "demo", "sweep root", on_root_help="on-policy root")
   a = study_runner.parse(ap, [])
   assert (a.root, a.on_root, a.out, a.workers) == (
@@ -405,7 +406,8 @@ def test_study_command_line_puts_quick_runs_under_out(tmp_path):
       2,
   )
   a = study_runner.parse(ap, ["--quick", f"--out={tmp_path}"])
-  assert a.root == os.path.join(tmp_path, "runs_demo")
+  assert a.root == os.path.join(tmp_path, "runs_demo") and a.workers == 1
+  assert study_runner.parse(ap, ["--quick", "--workers=2", f"--out={tmp_path}"]).workers == 2
   assert a.on_root == os.path.join(tmp_path, "runs_on")
   a = study_runner.parse(ap, ["--quick", f"--out={tmp_path}", "--root=r", "--on_root=o"])
   assert (a.root, a.on_root) == ("r", "o")

@@ -1,10 +1,13 @@
 """Multi-host for real: two processes on this machine (localhost coordinator,
-gloo CPU collectives, 4 host devices each) run the smoke config as one
-8-device job through ``jax.distributed``, and must reproduce a one-process
-8-device run; killing one of them mid-run and restarting the job resumes
-from the last checkpoint and finishes the run as if nothing had happened.
+gloo CPU collectives, 4 host devices each) run a sweep of two grid points
+of the smoke config (``cbs_jax.sweep`` with ``distributed`` enabled: the
+pod recipe) as one 8-device job through ``jax.distributed``. Each run must
+reproduce a one-process 8-device run. Killing one process in the middle of
+the second run and restarting the job skips the finished first run (read
+back from the shared root, never rerun), resumes the second from its last
+checkpoint and finishes it as if nothing had happened.
 
-One test, ~3-4 minutes on the 2-core machine (four JAX processes compile
+One test, ~2-4 minutes on the 2-core machine (four JAX processes compile
 the same programs); it is the only check of the multi-process path.
 """
 
@@ -41,6 +44,12 @@ def _free_port():
     return s.getsockname()[1]
 
 
+# two grid points that differ only in how often they checkpoint: the same
+# numbers as the one-process reference, two runs of the sweep
+GRID = {"train.checkpoint_every": [1, 2]}
+RUNS = ("train.checkpoint_every=1", "train.checkpoint_every=2")
+
+
 def _launch(workdir, base_dir, log_dir, tag):
   port = _free_port()
   procs = []
@@ -48,8 +57,9 @@ def _launch(workdir, base_dir, log_dir, tag):
     cmd = [
         sys.executable,
         "-m",
-        "cbs_jax.main",
+        "cbs_jax.sweep",
         f"--workdir={workdir}",
+        f"--sweep={json.dumps(GRID)}",
         *FLAGS,
         f"--config.sft.base_dir={base_dir}",
         "--config.distributed.enabled=True",
@@ -89,7 +99,7 @@ def _wait(procs, timeout):
 
 
 @pytest.mark.slow
-def test_two_processes_match_one_process_and_survive_preemption(tmp_path):
+def test_a_distributed_sweep_matches_one_process_and_survives_preemption(tmp_path):
   # the reference: one process with 8 devices (it also builds the SFT base
   # that the multi-process runs start from)
   ref_dir = tmp_path / "one"
@@ -105,18 +115,21 @@ def test_two_processes_match_one_process_and_survive_preemption(tmp_path):
   ref = metrics_lib.read_jsonl(str(ref_dir / "metrics.jsonl"))
   base = str(ref_dir / "sft_base")
 
-  # two processes; process 1 is killed once round 2's checkpoint is complete
-  work, logs = tmp_path / "multi", tmp_path / "logs"
+  # two processes run the sweep; process 1 is killed once the second run's
+  # round-2 checkpoint is complete
+  root, logs = tmp_path / "sweep", tmp_path / "logs"
   logs.mkdir()
-  procs = _launch(str(work), base, str(logs), "first")
-  ckpts = work / "checkpoints"
-  deadline = time.time() + 420
+  first, second = root / RUNS[0], root / RUNS[1]
+  procs = _launch(str(root), base, str(logs), "first")
+  ckpts = second / "checkpoints"
+  deadline = time.time() + 480
   while not (ckpts / "2").is_dir():
     assert time.time() < deadline and all(p.poll() is None for p, _ in procs), _tail(logs, "first")
     time.sleep(0.1)
   procs[1][0].send_signal(signal.SIGKILL)
   killed_at = time.time()
-  assert not (ckpts / str(ROUNDS)).exists()  # killed mid-run
+  assert (first / "summary.json").exists()  # the first run had finished
+  assert not (ckpts / str(ROUNDS)).exists()  # the second is killed mid-run
   # the survivor notices (failed collective or missed heartbeats) and exits
   try:
     procs[0][0].wait(timeout=90)
@@ -132,30 +145,39 @@ def test_two_processes_match_one_process_and_survive_preemption(tmp_path):
   done = [int(d) for d in os.listdir(ckpts) if d.isdigit()]
   assert 2 in done and ROUNDS not in done
 
-  # restart the whole job: it resumes from round 2 and finishes
-  procs = _launch(str(work), base, str(logs), "resume")
+  # restart the whole job: the first run is read back, the second resumes
+  first_metrics = (first / "metrics.jsonl").stat().st_mtime_ns
+  procs = _launch(str(root), base, str(logs), "resume")
   codes = _wait(procs, 600)
   assert codes == [0, 0], _tail(logs, "resume")
+  assert (first / "metrics.jsonl").stat().st_mtime_ns == first_metrics  # not rerun
   with open(logs / "resume0.log") as f:
-    assert "summary:" in f.read()
-
-  multi = metrics_lib.read_jsonl(str(work / "metrics.jsonl"))
-  # written once (process 0), every round exactly once despite the restart
-  assert [r["round"] for r in multi] == [r["round"] for r in ref] == list(range(ROUNDS + 1))
-  for a, b in zip(ref, multi):
-    assert a.get("eval_pass_rate") == b.get("eval_pass_rate")
-    assert a.get("eval_expected_pass") == pytest.approx(b.get("eval_expected_pass"), abs=1e-5)
-    if a["round"]:
-      assert a["reward_mean"] == b["reward_mean"]
-      assert a["completion_len"] == b["completion_len"]
-      assert a["entropy"] == pytest.approx(b["entropy"], rel=1e-3)
-      assert a["loss"] == pytest.approx(b["loss"], abs=1e-5)
-      assert a["noise_split/trace_intra"] == pytest.approx(b["noise_split/trace_intra"], rel=5e-3)
-      assert a["noise_split/g2"] == pytest.approx(b["noise_split/g2"], abs=1e-3)
-  with open(work / "summary.json") as f:
-    summary = json.load(f)
-  assert summary["rounds"] == ROUNDS and summary["rollouts_seen"] == ROUNDS * 16
-  assert not [f for f in os.listdir(work) if ".tmp" in f]  # <file>.tmp.<pid> (paths)
+    listing = [json.loads(l) for l in f.read().splitlines() if l.startswith('{"name"')]
+  assert [row["name"] for row in listing] == list(RUNS)  # process 0 lists the sweep once
+  with open(logs / "resume1.log") as f:
+    assert '{"name"' not in f.read()
+  with open(root / "results.jsonl") as f:
+    assert [json.loads(l)["name"] for l in f if l.strip()] == list(RUNS)
+  for run in (first, second):
+    stored = json.loads((run / "config.json").read_text())
+    assert stored["distributed"]["process_id"] == 0  # written by process 0 only
+    multi = metrics_lib.read_jsonl(str(run / "metrics.jsonl"))
+    # written once (process 0), every round exactly once despite the restart
+    assert [r["round"] for r in multi] == [r["round"] for r in ref] == list(range(ROUNDS + 1))
+    for a, b in zip(ref, multi):
+      assert a.get("eval_pass_rate") == b.get("eval_pass_rate")
+      assert a.get("eval_expected_pass") == pytest.approx(b.get("eval_expected_pass"), abs=1e-5)
+      if a["round"]:
+        assert a["reward_mean"] == b["reward_mean"]
+        assert a["completion_len"] == b["completion_len"]
+        assert a["entropy"] == pytest.approx(b["entropy"], rel=1e-3)
+        assert a["loss"] == pytest.approx(b["loss"], abs=1e-5)
+        assert a["noise_split/trace_intra"] == pytest.approx(b["noise_split/trace_intra"], rel=5e-3)
+        assert a["noise_split/g2"] == pytest.approx(b["noise_split/g2"], abs=1e-3)
+    with open(run / "summary.json") as f:
+      summary = json.load(f)
+    assert summary["rounds"] == ROUNDS and summary["rollouts_seen"] == ROUNDS * 16
+    assert not [f for f in os.listdir(run) if ".tmp" in f]  # <file>.tmp.<pid> (paths)
 
 
 @pytest.mark.parametrize(

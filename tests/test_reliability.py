@@ -984,6 +984,29 @@ def test_stored_config_with_a_retired_derived_field_still_matches(tmp_path):
     sweep.run_sweep(base, [{}], root, names=["base"], progress=False)
 
 
+def test_a_run_stored_by_another_process_of_the_job_is_the_same_run(tmp_path):
+  """The ``distributed.*`` fields say which process launched a run, not what
+  it runs: process 1 of a pod sweep reads the config.json process 0 wrote
+  as its own run; any other difference is still another run."""
+  base, root = config_lib.base_config(), str(tmp_path)
+  stored = json.loads(json.dumps(base.to_dict(), default=str))
+  stored["distributed"].update(enabled=True, process_id=0, num_processes=2)
+  _store_finished_run(root, "base", stored)
+  here = config_lib.base_config()
+  here.distributed.process_id, here.distributed.num_processes = 1, 2
+  rows = sweep.run_sweep(here, [{}], root, progress=False)
+  assert rows[0]["summary"] == {"final_pass_rate": 0.5}  # read back, not rerun
+  with pytest.raises(ValueError, match="seed"):
+    sweep.run_sweep(here, [{"seed": 7}], root, names=["base"], progress=False)
+
+
+def test_a_distributed_sweep_runs_one_grid_point_at_a_time():
+  c = config_lib.base_config()
+  c.distributed.enabled = True
+  with pytest.raises(ValueError, match="workers=2: a distributed sweep runs one grid point"):
+    sweep.run_sweep(c, [{}], "unused", workers=2)
+
+
 @pytest.mark.slow
 def test_run_below_the_floor_stops_and_says_so(tmp_path):
   c = config_lib.base_config()
