@@ -75,7 +75,7 @@ def test_grpo_loss_gradient_matches_central_finite_differences():
   batch = make_batch(graphdef, params)
   rl_cfg, s_cfg = cfgs("seq_mean_token_mean", kl_beta=0.1)
   counts = objective.counts_of(batch)
-  f = lambda p: objective.batch_loss(p, graphdef, batch, counts, rl_cfg, s_cfg)[0]
+  f = jax.jit(lambda p: objective.batch_loss(p, graphdef, batch, counts, rl_cfg, s_cfg)[0])
   grad = jax.grad(f)(params)
   rng = np.random.default_rng(1)
   for trial in range(3):
@@ -90,14 +90,14 @@ def test_grpo_loss_gradient_matches_central_finite_differences():
     assert fd == pytest.approx(an, rel=1e-2, abs=2e-5), (trial, fd, an)
 
 
-@pytest.mark.slow  # ~1 min of CPU x 3 aggregations
+@pytest.mark.slow  # three aggregations, three batch shapes each
 @pytest.mark.parametrize("mode", MODES)
 def test_loss_and_gradient_identical_under_microbatching(mode):
   graphdef, params = tiny_model()
   batch = make_batch(graphdef, params)
   rl_cfg, s_cfg = cfgs(mode)
   counts = objective.counts_of(batch)
-  vg = jax.value_and_grad(objective.batch_loss, has_aux=True)
+  vg = jax.jit(jax.value_and_grad(objective.batch_loss, has_aux=True), static_argnums=(1, 4, 5))
   (loss, _), grad = vg(params, graphdef, batch, counts, rl_cfg, s_cfg)
   for n_micro in (2, 4):
     size = P * K // n_micro
@@ -116,15 +116,17 @@ def naive_per_rollout_grads(graphdef, params, batch, rl_cfg, s_cfg):
   """g_i = N * grad L_i by a Python loop over rollouts: [P, K, D] numpy."""
   counts = objective.counts_of(batch)
   N = P * K
+  # rollout i's loss, i a traced index: one compile serves every rollout
+  loss_i = lambda p, i: objective.rollout_losses(p, graphdef, batch, counts, rl_cfg, s_cfg)[0][i]
+  grad_i = jax.jit(jax.grad(loss_i))
   out = []
   for i in range(N):
-    f = lambda p: objective.rollout_losses(p, graphdef, batch, counts, rl_cfg, s_cfg)[0][i]
-    g = jax.grad(f)(params)
+    g = grad_i(params, i)
     out.append(np.concatenate([N * np.ravel(x) for x in jax.tree.leaves(g)]))
   return np.stack(out).reshape(P, K, -1)
 
 
-@pytest.mark.slow  # ~1 min of CPU: per-rollout loops x 3 aggregations
+@pytest.mark.slow  # per-rollout loops x 3 aggregations
 @pytest.mark.parametrize("mode", MODES)
 def test_per_rollout_and_split_statistics_match_a_python_loop(mode):
   graphdef, params = tiny_model()
