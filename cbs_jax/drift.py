@@ -72,6 +72,7 @@ def drift_stats(
     clip_eps_low: float = 0.2,
     clip_eps_high: float = 0.2,
     adv_BxT=None,
+    dual_c: float = 0.0,
 ) -> dict:
   """Drift statistics on the rollout tokens (token-mean over ``mask``).
 
@@ -87,6 +88,12 @@ def drift_stats(
                 is given, a token counts only where PPO's clip is active for
                 its advantage sign (low side for A < 0, high side for A > 0,
                 A = 0 never); the denominator stays all valid tokens.
+    clip_frac_dual  only with ``dual_c`` > 1 (PPO's dual clip) and
+                ``adv_BxT``: fraction of ALL valid tokens with A < 0 and
+                r > dual_c, where the dual clip replaces the objective by
+                dual_c A (``rl.ppo_clip_loss``); such tokens also lie beyond
+                1 + clip_eps_high, where the plain clip leaves A < 0 unclipped,
+                so these are the tokens the dual clip alone touches.
     ess         (sum r)^2 / (n sum r^2) over the n valid tokens, in (0, 1];
                 1.0 on-policy.
     seq_ess     the same over per-sequence weights
@@ -128,7 +135,7 @@ def drift_stats(
   seq_log_w = jnp.sum(log_ratio * mask, axis=1)
   seq_valid = jnp.sum(mask, axis=1) > 0
 
-  return {
+  out = {
       "kappa_k1": mean(k1),
       "kappa_k3": mean(k3),
       "ratio_mean": mean(ratio),
@@ -139,6 +146,10 @@ def drift_stats(
       "ess": _ess_from_log_weights(log_ratio, valid).astype(dtype),
       "seq_ess": _ess_from_log_weights(seq_log_w, seq_valid).astype(dtype),
   }
+  if dual_c and dual_c > 1.0 and adv_BxT is not None:
+    dual = (ratio > dual_c) & (jnp.asarray(adv_BxT) < 0) & valid
+    out["clip_frac_dual"] = jnp.sum(dual.astype(dtype)) / n_safe
+  return out
 
 
 def exact_kl(p_logits, q_logits) -> jax.Array:

@@ -470,6 +470,7 @@ class RoundUpdater:
             self.rl_spec.clip_eps_low,
             self.rl_spec.clip_eps_high,
             mb["adv"],
+            self.rl_spec.clip_c if self.rl_spec.loss == "ppo" else 0.0,  # the loss that reads it
         )
     )
     return state, m, moments
@@ -1006,7 +1007,10 @@ def round_row(
       "tokens_per_s": gen_tokens / max(t_gen, 1e-9),
       "skipped_updates": counters.skipped_updates,
   }
-  for k in ("loss", "grad_norm", "entropy", "sampler_logp_gap", "grad_clipped") + drift.DRIFT_KEYS:
+  dual = ("clip_frac_dual",) if "clip_frac_dual" in rows[0] else ()  # dual clip on
+  for k in (
+      ("loss", "grad_norm", "entropy", "sampler_logp_gap", "grad_clipped") + drift.DRIFT_KEYS + dual
+  ):
     row[k] = _mean(rows, k)
   held = [k for k in rows[0] if k.startswith("heldout_")]
   for k in held:

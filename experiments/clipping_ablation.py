@@ -86,7 +86,9 @@ def run_record(workdir):
       [np.add(r["clip_frac_low_by_update"], r["clip_frac_high_by_update"]) for r in upd]
   )
   curve = study.run_curve(workdir)
+  dual = [r["clip_frac_dual"] for r in upd if r.get("clip_frac_dual") is not None]
   return dict(
+      dual_frac=float(np.mean(dual)) if dual else None,  # logged only with a dual clip
       kappa_mean=float(kap[:, 1:].mean()),
       kappa_final=float(kap[:, -1].mean()),
       kappa_by_update=kap.mean(0).tolist(),
@@ -204,6 +206,9 @@ def main(argv=None):
       iv = study.seed_interval([r[k] for r in rs])
       d[k] = stats.Estimate(iv["mean"], iv["lo"], iv["hi"])
       d[f"{k}_raw"] = iv
+    if any(r.get("dual_frac") is not None for r in rs):
+      iv = study.seed_interval([r.get("dual_frac") for r in rs])
+      d["dual_frac"] = stats.Estimate(iv["mean"], iv["lo"], iv["hi"])
     table.append(d)
   paired = []
   if "clip0.2" in variants and "clip10" in variants:
@@ -227,10 +232,19 @@ def main(argv=None):
       "final_pass",
       "plateaued",
   ]
+  if any("dual_frac" in d for d in table):  # runs that logged the dual clip's own fraction
+    cols.insert(cols.index("clip_frac") + 1, "dual_frac")
   notes = [
       "kappa_mean: exact KL(behaviour || current) per token on probe rollouts, mean over "
       f"updates 1-{U - 1} and rounds; kappa_final: at the last update of a round; clip_frac: "
-      f"fraction of tokens clipped (low + high) in updates 1-{U - 1}; final_pass: held-out exact "
+      f"fraction of tokens clipped (low + high) in updates 1-{U - 1}; "
+      + (
+          "dual_frac: fraction of tokens the dual clip alone changes (A < 0, ratio > c), "
+          "mean over all updates; "
+          if "dual_frac" in cols
+          else ""
+      )
+      + "final_pass: held-out exact "
       "expected pass rate at the end. Mean [90% t-interval] over seeds. engaged: whether "
       "the scheme clipped any token in any update (a dual clip whose runs equal clip 0.2's "
       "seed by seed did not engage either); a scheme that did not engage says nothing about "

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from cbs_jax import drift
+from cbs_jax import rl
 
 
 def _softmax(x):
@@ -132,6 +133,31 @@ def test_clip_fractions_and_ratios_hand():
   s = _f(drift.drift_stats(*args, 0.25, 1.5))
   assert s["clip_frac_low"] == pytest.approx(2 / 9, abs=1e-7)
   assert s["clip_frac_high"] == pytest.approx(1 / 9, abs=1e-7)
+
+
+def test_dual_clip_fraction_counts_what_the_dual_clip_alone_changes():
+  """``clip_frac_dual``: tokens with A < 0 and r > c, counted by hand, and
+  the same tokens where ``rl.ppo_loss`` with clip_c = c changes the per-token
+  objective from r A (which the plain clip leaves alone for A < 0) to c A.
+  Absent without a dual clip or without advantages."""
+  r = np.array([0.5, 1.5, 2.5, 3.5, 4.0, 5.0, 1.0, 9.0], np.float64)
+  adv = np.array([-1.0, -1.0, -1.0, -1.0, 1.0, -2.0, -1.0, -1.0], np.float64)
+  mask = np.array([1, 1, 1, 1, 1, 1, 1, 0], np.float64)  # last padded
+  lb = np.full_like(r, -1.0)
+  lc = lb + np.log(r)
+  row = lambda x: jnp.asarray(x[None], jnp.float32)
+  s = _f(drift.drift_stats(row(lb), row(lc), row(mask), 0.2, 0.2, row(adv), 3.0))
+  # A < 0 and r > 3 among the 7 valid: 3.5 and 5.0 (4.0 has A > 0, 9.0 is padding)
+  assert s["clip_frac_dual"] == pytest.approx(2 / 7, abs=1e-7)
+  on = rl.RLSpec(clip_c=3.0)
+  off = rl.RLSpec()
+  loss = lambda spec: np.asarray(
+      rl.policy_loss("ppo", row(lc), row(lb), row(adv), row(mask), spec)[0]
+  )[0]
+  changed = ~np.isclose(loss(on), loss(off))
+  assert changed.sum() / mask.sum() == pytest.approx(s["clip_frac_dual"], abs=1e-7)
+  assert "clip_frac_dual" not in drift.drift_stats(row(lb), row(lc), row(mask), 0.2, 0.2, row(adv))
+  assert "clip_frac_dual" not in drift.drift_stats(row(lb), row(lc), row(mask), dual_c=3.0)
 
 
 def test_seq_ess_hand():

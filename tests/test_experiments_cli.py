@@ -468,3 +468,37 @@ def test_bench_peers_quick_compares_with_tunix_or_says_it_skipped(capsys):
     assert "SKIPPED: google-tunix is not installed" in out and last == "RESULT skipped=1"
   else:
     assert last.startswith("RESULT sampler_vs_tunix_b16=") and "decode_vs_roofline_b16=" in last
+
+
+def test_clipping_record_reads_the_dual_clip_fraction_where_it_was_logged(tmp_path):
+  """``clipping_ablation.run_record`` on hand-written metrics: the mean of
+  the rounds' ``clip_frac_dual`` when the runs logged it (a dual clip),
+  None when they did not (the table then has no dual_frac column)."""
+  from cbs_jax import metrics as metrics_lib  # pylint: disable=import-outside-toplevel
+
+  exp = experiment_scripts.load("clipping_ablation")
+
+  def write(where, dual):
+    w = metrics_lib.MetricsWriter(str(where), tensorboard=False)
+    w.write(dict(round=0, eval_expected_pass=0.3))
+    for r, d in zip((1, 2), dual):
+      row = {
+          "round": r,
+          "num_updates": 2,
+          "rollouts_seen": 16 * r,
+          "eval_expected_pass": 0.3 + 0.1 * r,
+          "heldout_kappa_exact_by_update": [0.0, 0.01 * r],
+          "clip_frac_low_by_update": [0.0, 0.01],
+          "clip_frac_high_by_update": [0.0, 0.02],
+      }
+      if d is not None:
+        row["clip_frac_dual"] = d
+      w.write(row)
+    w.close()
+
+  write(tmp_path / "dual", [0.002, 0.004])
+  write(tmp_path / "plain", [None, None])
+  rec = exp.run_record(str(tmp_path / "dual"))
+  assert rec["dual_frac"] == pytest.approx(0.003)
+  assert rec["clip_frac"] == pytest.approx(0.03) and rec["kappa_final"] == pytest.approx(0.015)
+  assert exp.run_record(str(tmp_path / "plain"))["dual_frac"] is None
