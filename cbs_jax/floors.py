@@ -22,7 +22,10 @@ components (docs/planner.md, "Latency floors"):
 ``fit_floor`` solves each ``time = count * floor + roofline * (1 /
 efficiency)`` by non-negative least squares, weighting every point by its
 time (relative errors: the small batches, where the floor shows, weigh as
-much as the large ones). ``calibrate`` runs the probes and returns an
+much as the large ones). With the floor fitted, each probe's own efficiency
+(``point_efficiency``) goes into ``Overheads.*_efficiency_at``, so the
+planner follows an efficiency that changes with the batch (interpolated in
+log batch between the probes). ``calibrate`` runs the probes and returns an
 ``Overheads``; the roofline it divides by is ``acc`` (default: this
 device measured by ``measured_roofline``).
 
@@ -81,6 +84,14 @@ def fit_floor(points: Sequence[Point]) -> tuple[float, float]:
         "measure at larger batches"
     )
   return float(floor), float(1.0 / inv_eff)
+
+
+def point_efficiency(p: Point, floor: float, fallback: float) -> float:
+  """The efficiency one calibration point implies once the fitted floor is
+  taken off its time: ``roofline_s / (seconds - count * floor)``; the
+  fitted ``fallback`` where the floor leaves nothing (a point all floor)."""
+  left = p.seconds - p.count * floor
+  return p.roofline_s / left if left > 0.05 * p.seconds else fallback
 
 
 def measured_roofline(dtype: str = "float32", reps: int = 5) -> systems.Accelerator:
@@ -187,6 +198,7 @@ class Probes:
     upd = [p for k, p in pts.items() if k.startswith("update@")]
     d_floor, d_eff = fit_floor(dec)
     u_floor, u_eff = fit_floor(upd)
+    batch_of = lambda k: int(k.split("@")[1])
     ov = systems.Overheads(
         decode_step_s=d_floor,
         update_step_s=u_floor,
@@ -194,6 +206,16 @@ class Probes:
         host_per_rollout_s=med["host"] / self.host_rollouts,
         decode_efficiency=d_eff,
         train_efficiency=u_eff,
+        decode_efficiency_at=tuple(
+            (batch_of(k), point_efficiency(p, d_floor, d_eff))
+            for k, p in pts.items()
+            if k.startswith("decode@")
+        ),
+        train_efficiency_at=tuple(
+            (batch_of(k), point_efficiency(p, u_floor, u_eff))
+            for k, p in pts.items()
+            if k.startswith("update@")
+        ),
         source=f"floors.calibrate on {jax.devices()[0].device_kind}",
     )
     raw = dict(

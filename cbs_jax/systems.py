@@ -474,6 +474,13 @@ class Overheads:
       1 only when the roofline's peak is itself a measured, beatable number).
     train_efficiency: achieved fraction of the update's compute roofline
       (multiplies ``round_time``'s ``mfu``).
+    decode_efficiency_at / train_efficiency_at: optional ``((batch,
+      efficiency), ...)`` measured at several batch sizes; where given they
+      replace the single efficiency: interpolated in log batch between the
+      measured batches and held at the end values beyond them
+      (``efficiency``). A small model's kernels reach a batch-dependent
+      fraction of the roofline (cache-resident at small batches, not at
+      large), which one number cannot follow across N = 64 ... 16,384.
     source: how the numbers were obtained.
   """
 
@@ -483,6 +490,8 @@ class Overheads:
   host_per_rollout_s: float = 0.0
   decode_efficiency: float = 1.0
   train_efficiency: float = 1.0
+  decode_efficiency_at: tuple = ()
+  train_efficiency_at: tuple = ()
   source: str = ""
 
   def __post_init__(self):
@@ -494,6 +503,23 @@ class Overheads:
       v = getattr(self, f)
       if not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
         raise ValueError(f"Overheads.{f} must be a finite number > 0, got {v!r}")
+    for f in ("decode_efficiency_at", "train_efficiency_at"):
+      pairs = tuple((float(b), float(e)) for b, e in getattr(self, f))
+      if any(not (b > 0 and math.isfinite(e) and e > 0) for b, e in pairs):
+        raise ValueError(f"Overheads.{f}: every (batch, efficiency) must be > 0, got {pairs!r}")
+      if len({b for b, _ in pairs}) != len(pairs):
+        raise ValueError(f"Overheads.{f}: a batch size appears twice in {pairs!r}")
+      object.__setattr__(self, f, tuple(sorted(pairs)))
+
+  def efficiency(self, kind: str, batch: float) -> float:
+    """The achieved fraction of the roofline of a ``kind`` ("decode" or
+    "train") step at ``batch``: the per-batch table where one was measured
+    (log-linear between its batches, flat beyond), else the single value."""
+    pairs = getattr(self, f"{kind}_efficiency_at")
+    if not pairs:
+      return getattr(self, f"{kind}_efficiency")
+    b, e = np.log([p[0] for p in pairs]), np.array([p[1] for p in pairs])
+    return float(np.interp(math.log(batch), b, e))
 
   def as_dict(self) -> dict:
     return dataclasses.asdict(self)
@@ -642,21 +668,22 @@ def round_time(
       2.0 * dims.active_params * Tp + 2.0 * dims.num_layers * dims.d_attn * Tp * (Tp + 1)
   )
   pf_bytes = wbytes + b * Tp * kv_tok
-  prefill = ov.decode_step_s + max(pf_flops / peak, pf_bytes / bw) / ov.decode_efficiency
+  d_eff, t_eff = ov.efficiency("decode", b), ov.efficiency("train", n)
+  prefill = ov.decode_step_s + max(pf_flops / peak, pf_bytes / bw) / d_eff
 
   steps = Tc - 1  # token 0 comes from the prefill's logits
   ctx = np.full(steps, float(Tp + Tc)) if full_cache else Tp + 1.0 + np.arange(steps)
   st_flops = b * (2.0 * dims.active_params + 4.0 * dims.num_layers * dims.d_attn * ctx)
   st_bytes = wbytes + b * ctx * kv_tok
   comp, memt = st_flops / peak, st_bytes / bw
-  decode = float((ov.decode_step_s + np.maximum(comp, memt) / ov.decode_efficiency).sum())
+  decode = float((ov.decode_step_s + np.maximum(comp, memt) / d_eff).sum())
 
   tf = train_flops(dims, n, Tp, Tc, epochs, extra_forwards)
   return RoundCost(
       n=int(n),
       prefill_s=waves * prefill,
       decode_s=waves * decode,
-      train_s=updates * ov.update_step_s + tf / (peak * mfu * ov.train_efficiency),
+      train_s=updates * ov.update_step_s + tf / (peak * mfu * t_eff),
       waves=waves,
       decode_compute_steps=int((comp >= memt).sum()),
       decode_steps=steps,

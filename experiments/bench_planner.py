@@ -25,8 +25,10 @@ in one run:
 
 The calibration never sees a round: it times the sampler (no EOS), one
 update and the host's verification separately, at its own batch sizes
-(``--decode_batches``, ``--update_batches``); the rounds at the other N are
-out of sample. Last line:
+(``--decode_batches``, ``--update_batches``); the efficiency each probe
+implies after the fitted floor is interpolated in log batch between the
+probes (``systems.Overheads.*_efficiency_at``), so the rounds at the N
+between probe batches are out of sample. Last line:
 
     RESULT planner_worst_ratio=<predicted/measured furthest from 1> within_25pct=<n>/<N values>
 """
@@ -86,8 +88,10 @@ def main(argv=None):
   ap.add_argument(
       "--repeats", type=int, default=7, help="timed rounds per N and probe timings (medians)"
   )
-  ap.add_argument("--decode_batches", default="16,256,4096")
-  ap.add_argument("--update_batches", default="64,4096")
+  # the probes span the N the planner is asked about (their efficiencies are
+  # interpolated in log batch between them and held beyond the ends)
+  ap.add_argument("--decode_batches", default="16,256,4096,16384")
+  ap.add_argument("--update_batches", default="64,1024,16384")
   ap.add_argument("--out", default="", help="write the table as JSON here")
   ap.add_argument("--quick", action="store_true", help="N = 64, 256; small calibration, 3 repeats")
   args = ap.parse_args(argv)
@@ -144,6 +148,9 @@ def main(argv=None):
       f"{ov.host_per_rollout_s * 1e6:.2f} us per rollout",
       flush=True,
   )
+  for kind in ("decode", "train"):
+    at = getattr(ov, f"{kind}_efficiency_at")
+    print(f"{kind} efficiency by batch: " + ", ".join(f"{int(b)}: {e:.3f}" for b, e in at))
 
   rows = []
   for n in ns:

@@ -86,6 +86,62 @@ def test_a_synthetic_calibration_recovers_the_floors_it_was_given(floor, eff):
     )
 
 
+def test_efficiency_by_batch_is_log_linear_between_probes_and_flat_beyond():
+  """``Overheads.efficiency``: the measured values at their batches, the
+  log-linear interpolation between (closed form at the geometric mid
+  point), the end values beyond; and ``round_time`` uses it for the decode
+  step at the round's batch and the update at N."""
+  ov = systems.Overheads(
+      decode_efficiency=0.5,
+      train_efficiency=0.5,
+      decode_efficiency_at=((4096, 0.2), (16, 0.4)),  # any order
+      train_efficiency_at=[[64, 0.6], [16384, 0.3]],  # lists, as JSON gives them
+  )
+  assert ov.decode_efficiency_at == ((16.0, 0.4), (4096.0, 0.2))
+  assert ov.efficiency("decode", 16) == pytest.approx(0.4)
+  assert ov.efficiency("decode", 256) == pytest.approx(0.3)  # log2: 4 of 8 steps to 4096
+  assert ov.efficiency("decode", 8) == 0.4 and ov.efficiency("decode", 1e6) == 0.2
+  assert ov.efficiency("train", 1024) == pytest.approx(0.45)  # 1024 = sqrt(64 * 16384)
+  assert systems.Overheads(train_efficiency=0.7).efficiency("train", 512) == 0.7
+  n, tp, tc = 1024, 9, 5
+  bare = systems.round_time(DIMS, CPU, n, tp, tc)
+  got = systems.round_time(DIMS, CPU, n, tp, tc, overheads=ov)
+  eff_b = ov.efficiency("decode", n / bare.waves)
+  assert got.gen_s == pytest.approx(bare.gen_s / eff_b, rel=1e-12)
+  assert got.train_s == pytest.approx(bare.train_s / 0.45, rel=1e-9)
+  for bad in (((0, 0.5),), ((64, -1.0),), ((64, 0.5), (64, 0.4))):
+    with pytest.raises(ValueError, match="Overheads.train_efficiency_at"):
+      systems.Overheads(train_efficiency_at=bad)
+
+
+def test_per_probe_efficiencies_recover_an_efficiency_that_falls_with_the_batch():
+  """Times from a known floor and an efficiency that halves from the
+  smallest probe to the largest (the cache-resident small batches): the
+  single fitted efficiency misses the ends by up to ~1.4x, the per-probe
+  ones (``point_efficiency`` after the fitted floor) recover each, and the
+  round predicted from them matches every probe's time within 3%."""
+  tc, floor = 5, 2e-5
+  batches = (16, 256, 4096, 16384)
+  true_eff = dict(zip(batches, (0.4, 0.35, 0.25, 0.2)))
+  roofs = {b: systems.round_time(DIMS, CPU, b, 9, tc).gen_s for b in batches}
+  pts = {b: floors.Point(tc, roofs[b], tc * floor + roofs[b] / true_eff[b]) for b in batches}
+  f, e = floors.fit_floor(list(pts.values()))
+  single = systems.Overheads(decode_step_s=f, decode_efficiency=e)
+  at = tuple((b, floors.point_efficiency(pts[b], f, e)) for b in batches)
+  per = systems.Overheads(decode_step_s=f, decode_efficiency=e, decode_efficiency_at=at)
+  worst_single = max(
+      abs(np.log(systems.round_time(DIMS, CPU, b, 9, tc, overheads=single).gen_s / p.seconds))
+      for b, p in pts.items()
+  )
+  assert worst_single > np.log(1.1)
+  for b, p in pts.items():
+    assert systems.round_time(DIMS, CPU, b, 9, tc, overheads=per).gen_s == pytest.approx(
+        p.seconds, rel=0.03
+    )
+  # a point that is all floor falls back to the fitted efficiency
+  assert floors.point_efficiency(floors.Point(5, 1e-9, 1e-4), 2e-5, 0.3) == 0.3
+
+
 def test_fit_floor_rejects_what_it_cannot_fit():
   with pytest.raises(ValueError, match=">= 2 points"):
     floors.fit_floor([floors.Point(1, 1.0, 2.0)])
