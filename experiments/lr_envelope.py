@@ -110,7 +110,7 @@ def parse_args(argv=None):
       "--hours",
       type=float,
       default=None,
-      help="stop scheduling new runs after this (6; quick 0.01)",
+      help="stop scheduling new runs after this (6; quick 1: its small grid ends by itself)",
   )
   ap.add_argument("--ns", default=None, help="batch sizes, comma-separated (default the study's)")
   ap.add_argument("--cap", type=float, default=CAP, help="run budget: cap x best rollouts at N")
@@ -123,7 +123,7 @@ def parse_args(argv=None):
   )
   args = study_runner.parse(ap, argv)
   if args.hours is None:
-    args.hours = 0.01 if args.quick else 6.0
+    args.hours = 1.0 if args.quick else 6.0  # quick: ~30 runs, 1-2 min
   # an arm's runs go beside the envelope's (<root>_<arm>: a run's folder is
   # named by its overrides, which do not name the arm) and start from the
   # envelope's SFT base
@@ -370,7 +370,7 @@ def study_config(quick: bool, arm: str = "on"):
   if arm.startswith("off"):
     c.batch.num_minibatches = int(arm[3:])
   c.optim.lr_rule = "constant"  # the scanned rate is the rate
-  c.train.stop_below_pass_rate = batch_law.COLLAPSED  # a diverging rate stops early
+  c.train.stop_below_pass_rate = batch_law.collapsed("quick" if quick else "on")  # diverging
   return c
 
 
@@ -829,6 +829,12 @@ def main(argv=None):
     analyse(args, recs, tgt, lr0, ref, t0)
   elif recs:
     analyse_arm(args, args.arm, recs, on_recs, tgt, t0)
+  elif args.arm != "on":
+    raise SystemExit(
+        f"--arm={args.arm}: the envelope at {records_path(args.out)} brackets the best rate "
+        f"at no N for any target {tuple(map(float, tgt))}; nothing to run against it: run "
+        "the envelope (--arm=on) longer first"
+    )
 
 
 if __name__ == "__main__":

@@ -211,3 +211,25 @@ def test_a_capped_run_keeps_the_targets_it_reached_before_its_cap():
   assert (high["value"], high["capped"]) == (None, True)
   done = dict(r, capped=False, **{"rollouts@0.54": 1e4})
   assert L.as_envelope_records([done], 0.54)[0]["capped"] is False
+
+
+def test_an_arm_against_an_envelope_that_brackets_nothing_says_so(tmp_path):
+  """Nothing to run and nothing recorded is an error naming the envelope,
+  not a silent exit with no files."""
+  edge = [
+      r for r in envelope_records() if r["lr"] >= L._lr(lr_star(r["N"]))
+  ]  # best at the low edge
+  L.save_records(L.records_path(str(tmp_path)), edge)
+  with pytest.raises(SystemExit, match="brackets the best rate at no N"):
+    L.main(["--arm=warmup5", f"--out={tmp_path}", "--ns=" + ",".join(map(str, NS))])
+
+
+@pytest.mark.parametrize("quick", [False, True])
+def test_a_run_that_has_not_yet_learned_is_not_stopped_as_collapsed(quick):
+  """The collapse floor lies below the study's SFT base (0.440 full size:
+  the README's quickstart table; 0.140 for the quick base, the round-0
+  evaluation of every --quick run) and below every target."""
+  c = L.study_config(quick)
+  base = 0.14 if quick else 0.44
+  assert 0 < c.train.stop_below_pass_rate < base - 0.02
+  assert c.train.stop_below_pass_rate < min(L.batch_law.targets("quick" if quick else "on"))
