@@ -64,6 +64,8 @@ def base_config() -> ConfigDict:
   c.sft.warmup_steps = 20  # linear warmup steps
   c.sft.label_noise = 0.0  # fraction of SFT targets with one character replaced at random
   c.sft.eval_every = 100  # steps between held-out pass-rate evaluations (0 = end only)
+  c.sft.stop_at_pass_rate = 0.0  # end the base at the first evaluation at or above this
+  # (0 = off): bases matched in held-out pass rate across tasks and formats
   c.sft.base_dir = "sft_base"  # RL: SFT base checkpoint dir, relative to the workdir
   # (absolute paths allowed); built here if missing
 
@@ -295,7 +297,7 @@ def validate(c: ConfigDict) -> None:
   for field in ("optim.lr", "sft.lr"):
     if not math.isfinite(get_path(c, field)):
       raise ValueError(f"config.{field} must be finite, got {get_path(c, field)!r}")
-  for field in ("train.stop_at_pass_rate", "train.stop_below_pass_rate"):
+  for field in ("train.stop_at_pass_rate", "train.stop_below_pass_rate", "sft.stop_at_pass_rate"):
     if not 0.0 <= _num(c, field) <= 1.0:
       raise ValueError(f"config.{field} must be in [0, 1], got {get_path(c, field)!r}")
   for field in ("optim.b1", "optim.b2", "sft.label_noise"):

@@ -141,10 +141,12 @@ def measure(
     metric = None  # no Adam step taken yet: no metric to speak of
   leaf_groups = [gradstats.param_group(p) for p in gradstats.leaf_paths(params)]
   exact, split, leaf_stats, rewards, adam, by_diff = [], [], {}, [], [], []
+  lengths = []
   for i in tqdm.trange(M, desc="measure", disable=not progress):
     b, r, gen = train.round_batch(c, graphdef, params, params, setup, ROUND_OFFSET + i)
     b["on_policy"] = np.ones((P * K,), bool)
     rewards.append(float(r.mean()))
+    lengths.append(float(np.mean(np.asarray(gen["lengths"]))))
     if by_difficulty:
       labels = np.minimum(gen["difficulty"], groups - 1)
       mom, gram = exact_fn(params, batch=b, prompt_groups=labels)
@@ -166,6 +168,7 @@ def measure(
       K=K,
       M=M,
       reward_mean=float(np.mean(rewards)),
+      completion_len=float(np.mean(lengths)),  # mean completion tokens of the measured rollouts
       aggregation=c.rl.aggregation,
       exact=noise_stats.pooled_estimates(to_np(exact), P, K),
       split=noise_stats.pooled_estimates(to_np(split), P, K),

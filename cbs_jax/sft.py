@@ -4,7 +4,8 @@ Next-token training on correct solutions in exactly the rollout layout
 (left-padded prompt, completion = solution + EOS), so the base policy is the
 conditional distribution the sampler draws from. Adam with linear warmup and
 cosine decay; the held-out pass@1 is measured with sampled (not greedy)
-decoding, the number RL will then move.
+decoding, the number RL will then move. ``sft.stop_at_pass_rate`` ends the
+base at the first evaluation that reaches it (bases matched in pass rate).
 """
 
 from __future__ import annotations
@@ -65,6 +66,18 @@ def make_batch(tok, problems, layout):
   return dict(prompt=prompt, prompt_mask=pmask, completion=comp, completion_mask=cmask)
 
 
+def optimizer(c) -> optax.GradientTransformation:
+  """SFT's optimizer from ``config.sft``: clipped Adam, warmup then cosine."""
+  return optax.chain(
+      optax.clip_by_global_norm(1.0),
+      optax.adam(
+          optax.warmup_cosine_decay_schedule(
+              0.0, c.lr, c.warmup_steps, max(c.steps, c.warmup_steps + 1), c.lr * 0.1
+          )
+      ),
+  )
+
+
 def train_sft(config, setup: run_setup.Setup, workdir: str):
   """Train (or resume, or load when finished) the SFT base of ``setup.model``
   on ``setup.task`` in ``workdir``; the held-out pass@1 is sampled from
@@ -77,21 +90,14 @@ def train_sft(config, setup: run_setup.Setup, workdir: str):
   graphdef, params = model_lib.build(model_cfg, seed=config.seed)
   ckpt = ckpt_lib.Checkpointer(paths.join(workdir, "checkpoints"))
   model_meta = model_cfg.to_dict()
-  tx = optax.chain(
-      optax.clip_by_global_norm(1.0),
-      optax.adam(
-          optax.warmup_cosine_decay_schedule(
-              0.0, c.lr, c.warmup_steps, max(c.steps, c.warmup_steps + 1), c.lr * 0.1
-          )
-      ),
-  )
+  tx = optimizer(c)
   opt_state = tx.init(params)
   start = 0
   if ckpt.latest_step() is not None:
     ckpt.check_model(model_meta)
     (params, opt_state), meta = ckpt.restore(ckpt.latest_step(), (params, opt_state))
     start = meta["step"]
-    if start >= c.steps:
+    if start >= c.steps or meta.get("summary", {}).get("stopped_at_pass_rate"):
       return graphdef, params, meta.get("summary", {})
 
   @functools.partial(jax.jit, donate_argnums=(0, 1))
@@ -137,11 +143,15 @@ def train_sft(config, setup: run_setup.Setup, workdir: str):
           "base_pass_rate": ev["pass_rate"],
           "sft_seconds": time.time() - t0,
       }
+      if c.stop_at_pass_rate and ev["pass_rate"] >= c.stop_at_pass_rate:
+        summary["stopped_at_pass_rate"] = True  # the base is this checkpoint, never trained on
     writer.write(row)
     if do_eval:
       ckpt.save(
           s + 1, (params, opt_state), {"step": s + 1, "model": model_meta, "summary": summary}
       )
+      if summary.get("stopped_at_pass_rate"):
+        break
   writer.close()
   ckpt.close()
   return graphdef, params, summary

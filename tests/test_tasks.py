@@ -31,6 +31,7 @@ from cbs_jax.tasks import (
     make_task,
     make_tokenizer,
 )
+from cbs_jax.tasks import arithmetic as arithmetic_lib
 from cbs_jax.tasks import countdown as countdown_lib
 
 ALL_TASKS = ("arithmetic", "countdown", "gsm8k")
@@ -767,8 +768,29 @@ def test_gsm8k_verify_property(case):
     assert task.verify(_gsm(str(number)), text) == 1.0
 
 
-def test_arithmetic_worked_steps_format():
-  task = ArithmeticTask(min_digits=1, max_digits=3, ops="+-", solution_format="steps")
+def test_split_part_is_k_even_addends_of_one_place_value():
+  assert arithmetic_lib.split_part(400, 3) == [200, 100, 100]
+  assert arithmetic_lib.split_part(7, 4) == [2, 2, 2, 1]
+  for part in [d * 10**e for d in range(1, 10) for e in range(4)]:
+    for k in (1, 2, 3, 8):
+      got = arithmetic_lib.split_part(part, k)
+      assert len(got) == k and sum(got) == part and got == sorted(got, reverse=True)
+      assert max(got) - min(got) <= 10 ** (len(str(part)) - 1)
+  # the worked text grows ~k-fold at the same problems
+  lens = {}
+  for k in (1, 2, 4, 8):
+    task = ArithmeticTask(
+        min_digits=2, max_digits=2, ops="+-", solution_format="steps", step_split=k
+    )
+    lens[k] = np.mean([len(p.solution) for p in task.sample(np.random.default_rng(0), 500)])
+  assert 1.7 < lens[2] / lens[1] < 2.1 and 6.0 < lens[8] / lens[1] < 8.5  # + the answer
+
+
+@pytest.mark.parametrize("split", [1, 3])
+def test_arithmetic_worked_steps_format(split):
+  task = ArithmeticTask(
+      min_digits=1, max_digits=3, ops="+-", solution_format="steps", step_split=split
+  )
   assert not task.enumerable and ";" in task.alphabet
   problems = task.sample(np.random.default_rng(0), 3000)
   for p in problems:
@@ -793,5 +815,7 @@ def test_arithmetic_worked_steps_format():
   )
   with pytest.raises(ValueError, match="solution_format"):
     ArithmeticTask(solution_format="essay")
+  with pytest.raises(ValueError, match="step_split"):
+    ArithmeticTask(ops="+-", step_split=2)  # answer format has no steps
   with pytest.raises(ValueError, match="'\\*'"):
     ArithmeticTask(ops="+*", solution_format="steps")

@@ -244,6 +244,7 @@ def test_measure_tool_pools_batches_at_a_checkpoint(smoke_run):
       config, graphdef, params, setup, P=4, K=4, M=3, chunk_prompts=2, progress=False
   )
   assert res["exact"].n_batches == 3 and res["split"].n_batches == 3
+  assert 1.0 <= res["completion_len"] <= setup.layout.completion_len  # a mean of lengths
   for s in (res["exact"], res["split"]):
     assert np.isfinite(s.trace_intra) and np.isfinite(s.g2)
     # a scale is reported only where G2 is significantly positive

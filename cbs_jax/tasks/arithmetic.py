@@ -41,6 +41,8 @@ SFT solution works the sum out one place value of b at a time
 the answer alone) and verify reads the final answer after the last ';'
 (the worked part is not checked, so the task is not `enumerable`: its eval
 is the sampled pass rate). `max_completion_len` is then an upper bound.
+`step_split` = k writes each place value as k smaller steps: the same
+problems with ~k times the worked text (a length knob within one family).
 
 Split: `problem_key` is "{a}{op}{b}" (see `base`); 1-digit problems (200
 with "+-") keep ~20 for eval.
@@ -69,14 +71,26 @@ def _lo_hi(d: int) -> tuple[int, int]:
 FORMATS = ("answer", "steps")
 
 
-def worked_solution(a: int, op: str, b: int) -> str:
+def split_part(part: int, k: int) -> list[int]:
+  """``part`` (a digit times a power of ten) as k addends as even as the
+  place value allows, largest first, summing to ``part``: 400, k = 3 ->
+  [200, 100, 100]; 7, k = 4 -> [2, 2, 2, 1]; 10, k = 2 -> [10, 0]."""
+  unit = 10 ** (len(str(part)) - 1) if part else 1
+  q, r = divmod(part // unit, k)
+  return [(q + (i < r)) * unit for i in range(k)]
+
+
+def worked_solution(a: int, op: str, b: int, split: int = 1) -> str:
   """The "steps" solution of a op b ('+' or '-'): b is added or subtracted
   one place value at a time, most significant first, each step written
   "{running}{op}{part}={new running};", then the answer. 123+456 ->
   "123+400=523;523+50=573;573+6=579;579" (zero digits of b are skipped;
-  b = 0 is one step)."""
+  b = 0 is one step). ``split`` = k writes each place value as k steps
+  (``split_part``), so the worked text grows ~k-fold at the same problem:
+  k = 2, 12+34 -> "12+20=32;32+10=42;42+2=44;44+2=46;46"."""
   digits = str(b)
   parts = [int(ch) * 10 ** (len(digits) - 1 - i) for i, ch in enumerate(digits) if ch != "0"] or [0]
+  parts = [q for part in parts for q in split_part(part, split)]
   out, r = [], a
   for part in parts:
     new = _apply(r, op, part)
@@ -103,6 +117,8 @@ class ArithmeticTask(base.Task):
       (length max_digits - min_digits + 1, non-negative, not all zero;
       normalised here); None = uniform.
     mul_max_digits: cap on the digit count of '*' operands.
+    solution_format: "answer" (the result) or "steps" (worked, '+-' only).
+    step_split: with "steps", each place value written as this many steps.
   """
 
   enumerable = True  # accepted_completions lists every accepted string
@@ -115,6 +131,7 @@ class ArithmeticTask(base.Task):
       digit_weights=None,
       mul_max_digits: int = 2,
       solution_format: str = "answer",
+      step_split: int = 1,
   ):
     self.min_digits = base.check_int("min_digits", min_digits, 1, MAX_DIGITS_LIMIT)
     self.max_digits = base.check_int("max_digits", max_digits, 1, MAX_DIGITS_LIMIT)
@@ -133,6 +150,12 @@ class ArithmeticTask(base.Task):
           f"solution_format='steps' works out '+' and '-' only; " f"ops={self.ops!r} has '*'"
       )
     self.solution_format = solution_format
+    self.step_split = base.check_int("step_split", step_split, 1, 64)
+    if step_split != 1 and solution_format != "steps":
+      raise ValueError(
+          f"step_split={step_split} writes worked steps: it needs solution_format='steps', "
+          f"got {solution_format!r}"
+      )
     self.alphabet = "0123456789+-*=" + (";" if solution_format == "steps" else "")
     self.max_prompt_len, self.max_completion_len = self._max_lens()
     if solution_format == "steps":
@@ -188,7 +211,7 @@ class ArithmeticTask(base.Task):
     max_digits + 1 digits and a sign, then the answer."""
     w = self.max_digits + 2  # digits of any running value, with its sign
     step = w + 1 + self.max_digits + 1 + w + 1
-    return self.max_digits * step + w
+    return self.max_digits * self.step_split * step + w
 
   def draw(self, rng: np.random.Generator, n: int) -> list[base.Problem]:
     n = base.check_n(n)
@@ -205,7 +228,9 @@ class ArithmeticTask(base.Task):
       a, b = int(operands[i, 0]), int(operands[i, 1])
       result = str(_apply(a, op, b))
       difficulty = int(digits[i].max()) + (1 if op == "*" else 0)
-      solution = worked_solution(a, op, b) if self.solution_format == "steps" else result
+      solution = (
+          worked_solution(a, op, b, self.step_split) if self.solution_format == "steps" else result
+      )
       problems.append(
           base.Problem(
               prompt=f"{a}{op}{b}=",
