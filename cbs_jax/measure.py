@@ -51,8 +51,10 @@ from cbs_jax import checkpoint as ckpt_lib
 from cbs_jax import gradstats
 from cbs_jax import noise
 from cbs_jax import noise_stats
+from cbs_jax import paths
 from cbs_jax import rl
 from cbs_jax import run_setup
+from cbs_jax import sft
 from cbs_jax import train
 
 ROUND_OFFSET = 1_000_000  # measurement batches use rounds >= this: disjoint from training
@@ -189,6 +191,22 @@ def measure(
   if adam:
     res["adam"] = noise_stats.pooled_estimates(to_np(adam), P, K)
   return res
+
+
+def sft_base_and_measure(config, workdir: str, P: int, K: int, M: int) -> dict:
+  """A sweep run (``sweep.run_sweep``'s ``run_fn``): train (or load) the SFT
+  base of ``config`` in ``workdir``, measure its noise at fixed parameters
+  (``measure``, M batches of P x K rollouts) and write the SFT summary with
+  the measurement (``to_json``) as ``summary.json``, which marks the run
+  finished. Returns that summary."""
+  setup = run_setup.prepare(config)
+  graphdef, params, sft_summary = sft.train_sft(config, setup, workdir)
+  res = measure(config, graphdef, params, setup, P, K, M, chunk_prompts=min(4, P), progress=False)
+  summary = dict(sft_summary, **to_json(res))
+  paths.write_atomic(
+      paths.join(workdir, "summary.json"), json.dumps(summary, indent=1, default=float)
+  )
+  return summary
 
 
 def format_table(res: dict) -> str:

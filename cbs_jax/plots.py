@@ -943,6 +943,71 @@ def xy_series(
   return fig
 
 
+def noise_length(
+    rows: Sequence[Mapping[str, Any]], fits: Mapping[str, Any], published: float
+) -> Figure:
+  """Left: per-rollout intra:inter against mean completion length, one
+  point per SFT base (error bars one jackknife SE; open markers: bases not
+  matched in pass rate, left out of the fit), the fitted power law with its
+  90% band (the slope's t-interval, ``trend.fit``) and the published
+  ratio. Right: the same ratio against each base's held-out pass rate at
+  one length."""
+  fig, (ax, bx) = _new(2, size=(5.0, 3.8))
+  for i, (arm, axis, xkey) in enumerate(
+      (("length", ax, "completion_len"), ("pass", bx, "pass_rate"))
+  ):
+    st = style(i)
+    if arm == "length":
+      pts = [r for r in rows if r["arm"] == "length"]
+    else:  # every base at the pass arm's one level (the length arm's included)
+      level = min((r["level"] for r in rows if r["arm"] == "pass"), default=1)
+      pts = [r for r in rows if r["level"] == level]
+    for matched in (True, False):
+      sel = [r for r in pts if bool(r["matched"]) == matched]
+      if not sel:
+        continue
+      axis.errorbar(
+          _arr([r[xkey] for r in sel]),
+          _arr([r["ratio"] for r in sel]),
+          yerr=_arr([r["ratio_se"] for r in sel]),
+          marker=st["marker"],
+          linestyle="none",
+          color=st["color"],
+          mfc=st["color"] if matched else "none",
+          capsize=2,
+          label="bases matched in pass rate" if matched else "not matched (left out)",
+      )
+    f = fits.get(arm, {})
+    if "b" in f:
+      xs = np.array([r[xkey] for r in pts if r["matched"]], np.float64)
+      grid = np.linspace(xs.min(), xs.max(), 50)
+      gx = np.log(grid) if arm == "length" else grid
+      axis.plot(
+          grid,
+          np.exp(f["a"] + f["b"] * gx),
+          color=st["color"],
+          linewidth=1.0,
+          label=(
+              f"fit: ratio ∝ length^{f['b']:.2f} [{f['b_lo']:.2f}, {f['b_hi']:.2f}]"
+              if arm == "length"
+              else f"fit: log ratio slope {f['b']:.2f} [{f['b_lo']:.2f}, {f['b_hi']:.2f}]"
+          ),
+      )
+    axis.axhline(
+        published, color="0.35", linewidth=0.9, linestyle="--", label=f"published ≈ {published:g}:1"
+    )
+    _log(axis, "y")
+    axis.grid(True, which="major", linewidth=0.3, color="0.8")
+    _legend(axis)
+  _log(ax, "x", base=2)
+  ax.set_xlabel("mean completion length (tokens)")
+  bx.set_xlabel("held-out sampled pass rate of the base")
+  ax.set_ylabel("per-rollout tr Σ_intra / tr Σ_inter")
+  ax.set_title("one task, worked at growing detail, bases at one pass rate", fontsize=9)
+  bx.set_title("one length, bases at several pass rates", fontsize=9)
+  return fig
+
+
 def save(fig: Figure, path: str, dpi: int = DPI) -> str:
   """Write ``fig`` to ``path`` as a PNG at ``dpi`` and close it; returns
   the path."""

@@ -11,6 +11,7 @@ general pieces (numpy and scipy.stats only):
   (the per-point SEs fix the weights' relative sizes; their overall scale is
   estimated from the residuals, so SEs that are right only up to a factor
   still give a valid test) and the AIC difference.
+* ``lack_of_fit``: a line against one mean per group of replicates.
 * ``percentile_ci``: a percentile interval of bootstrap replicates that
   counts non-finite replicates (a degenerate refit) as +inf, so they widen
   the interval instead of vanishing from it.
@@ -92,6 +93,31 @@ def compare_nested(small: WLSFit, big: WLSFit) -> dict:
   F = ((small.chi2 - big.chi2) / q) / max(big.chi2 / big.dof, 1e-300)
   return dict(
       F=float(F), p_value=float(sps.f.sf(F, q, big.dof)), delta_aic=float(big.aic - small.aic)
+  )
+
+
+def lack_of_fit(x, y, groups) -> dict:
+  """Lack-of-fit F-test of the line y = a + b x against one mean per group
+  of replicates (the pure error): the F-test of the line nested in the
+  group-means model, F = [SS_lack / (m - 2)] / [SS_pure / (n - m)] over m
+  groups and n points. Returns dict(F, p_value, dof_lack, dof_pure,
+  verdict) with verdict "misfits" when p < 0.05, else "fits"; ValueError
+  with fewer than three groups or no replicate."""
+  x = np.asarray(x, np.float64)
+  y = np.asarray(y, np.float64)
+  labels, inverse = np.unique(np.asarray(groups), return_inverse=True)
+  m, n = labels.size, x.size
+  if m < 3 or n - m < 1:
+    raise ValueError(f"lack_of_fit needs >= 3 groups and a replicate, got {m} groups, {n} points")
+  line = wls(np.stack([np.ones_like(x), x], axis=1), y)
+  means = wls(np.eye(m)[inverse], y)
+  t = compare_nested(line, means)
+  return dict(
+      F=t["F"],
+      p_value=t["p_value"],
+      dof_lack=m - 2,
+      dof_pure=n - m,
+      verdict="misfits" if t["p_value"] < 0.05 else "fits",
   )
 
 

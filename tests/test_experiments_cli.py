@@ -178,6 +178,15 @@ CHAINS = {
             ],
         ),
     ],
+    # three SFT bases measured, then --replot from the per-base CSV
+    "noise_length": [
+        (
+            "noise_length",
+            [],
+            ["noise_length.md", "noise_length.csv", "noise_length.png", "manifest.json"],
+        ),
+        ("noise_length", ["--replot"], ["noise_length.md", "noise_length.csv", "noise_length.png"]),
+    ],
     # its own SFT base and runs (one at a time, timed)
     "adaptive_wallclock": [
         (
