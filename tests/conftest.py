@@ -51,6 +51,7 @@ LONGEST = {
     "tests/test_sft.py::test_committed_sft_config_lands_in_the_band": 100,
     "tests/test_golden.py::test_run_logs_the_golden_rows[adaptive_offpolicy]": 94,
     "tests/test_experiments_cli.py::test_every_study_quick_mode_writes_its_files[lr_envelope]": 110,
+    "tests/test_experiments_cli.py::test_every_study_quick_mode_writes_its_files[noise_length]": 70,
     "tests/test_sharding.py::test_sharded_run_matches_single_device": 54,
     "tests/test_floors.py::test_bench_planner_quick_prints_its_result": 47,
     "tests/test_golden.py::test_run_logs_the_golden_rows[quickstart]": 43,
