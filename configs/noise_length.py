@@ -23,7 +23,7 @@ TARGET = 0.3  # the length arm's matched held-out pass rate (the longest level's
 PASS_TARGETS = (0.3, 0.5, 0.7)  # the pass arm, at PASS_LEVEL
 PASS_LEVEL = 1
 MATCH = 0.05  # a base is matched when its held-out pass is within this of its target
-SEEDS = (0, 1)  # independent bases per point (init and data order)
+SEEDS = (0, 1, 2, 3)  # independent bases per point (init and data order)
 QUICK_TARGET = 0.01
 MAX_LEN = 256  # the KV cache of every level (rotary positions: same parameters)
 

@@ -126,7 +126,7 @@ def base_row(pt: dict, summary: dict) -> dict:
 
 
 def run_bases(args) -> list[dict]:
-  pts = points(args.quick)
+  pts = sorted(points(args.quick), key=lambda p: -p["level"])  # the longest SFTs start first
   base = cfg.get_config("quick" if args.quick else "1")
   run = functools.partial(
       measure.sft_base_and_measure,
@@ -142,7 +142,9 @@ def run_bases(args) -> list[dict]:
       run_fn=run,
       workers=args.workers,
   )
-  return [base_row(p, r["summary"]) for p, r in zip(pts, rows)]
+  order = {name(p): i for i, p in enumerate(points(args.quick))}
+  done = sorted(zip(pts, rows), key=lambda pr: order[name(pr[0])])
+  return [base_row(p, r["summary"]) for p, r in done]
 
 
 def fits(table: list[dict], quick: bool) -> dict:
