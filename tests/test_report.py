@@ -212,10 +212,17 @@ def test_citation_cff():
   assert cff["type"] == "software" and "cbs_jax" in cff["title"]
   with open(os.path.join(ROOT, "setup.py")) as f:
     assert f'version="{cff["version"]}"' in f.read()
-  studies = [r for r in cff["references"] if "study" in r["title"]]
-  assert len(studies) == 2
-  for ref in studies:  # unknown titles and authors are flagged, never made up
-    assert "PLACEHOLDER" in ref["title"]
+  studies = {
+      n: [r for r in cff["references"] if r.get("notes", "").startswith(f"Study {n},")]
+      for n in (1, 2)
+  }
+  assert all(len(v) == 1 for v in studies.values()), studies
+  (one,), (two,) = studies[1], studies[2]
+  # study 1 as found (title, venue, address); what is not known is flagged, never made up
+  assert one["title"] == "Critical Batch Size for LLM Policy Optimization"
+  assert one["url"].startswith("https://openreview.net/forum?id=")
+  assert "PLACEHOLDER" in two["title"]
+  for ref in (one, two):
     assert all("PLACEHOLDER" in a.get("name", "") for a in ref["authors"])
   for ref in cff["references"]:
     assert ref["type"] and ref["authors"], ref["title"]
