@@ -36,6 +36,8 @@ import itertools
 import json
 import os
 import re
+import signal
+import sys
 from typing import Any, Callable, Sequence
 
 import jax
@@ -201,9 +203,28 @@ def _prepare_run(root, name, config) -> tuple[str, dict, bool]:
   return workdir, want, False
 
 
+def _die_with_parent() -> None:
+  """Linux: have the kernel kill this process when the process that spawned
+  it dies (prctl PR_SET_PDEATHSIG). A sweep killed from outside (kill,
+  SIGKILL, a preempted job) then takes its workers with it, instead of
+  leaving them to write on into run folders that the restarted sweep opens
+  as well. Elsewhere a no-op."""
+  if not sys.platform.startswith("linux"):
+    return
+  import ctypes  # pylint: disable=import-outside-toplevel
+
+  libc = ctypes.CDLL(None, use_errno=True)
+  if libc.prctl(1, signal.SIGKILL) != 0:  # 1 = PR_SET_PDEATHSIG
+    return
+  if os.getppid() == 1:  # the parent died before the request was made
+    os._exit(1)
+
+
 def _pin_worker(cores) -> None:
-  """Process-pool initializer: take one core from ``cores`` (a shared queue)
-  and make XLA single-threaded on it, before this process builds a backend."""
+  """Process-pool initializer: die with the sweep (``_die_with_parent``),
+  take one core from ``cores`` (a shared queue) and make XLA single-threaded
+  on it, before this process builds a backend."""
+  _die_with_parent()
   core = cores.get()
   os.environ["XLA_FLAGS"] = (
       os.environ.get("XLA_FLAGS", "") + " --xla_cpu_multi_thread_eigen=false"

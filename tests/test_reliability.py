@@ -1037,3 +1037,55 @@ def test_checkpoint_without_a_new_default_model_field_is_the_same_model(tmp_path
   with pytest.raises(ckpt_lib.CheckpointError, match="model.qk_norm"):
     ck.check_model(dict(model, qk_norm=True), 1)
   ck.close()
+
+
+_SLEEPY_SWEEP = """
+import os, sys, time
+sys.path.insert(0, {root!r})
+from cbs_jax import config as config_lib
+from cbs_jax import sweep
+
+def run(config, workdir):
+  with open(os.path.join(workdir, "pid"), "w") as f:
+    f.write(str(os.getpid()))
+  time.sleep(120)
+  return {{}}
+
+if __name__ == "__main__":
+  grid = sweep.grid({{"seed": [0, 1]}})
+  sweep.run_sweep(config_lib.base_config(), grid, sys.argv[1], run_fn=run, workers=2, progress=False)
+"""
+
+
+@pytest.mark.skipif(
+    not sys.platform.startswith("linux"), reason="prctl(PR_SET_PDEATHSIG) is Linux's"
+)
+def test_killing_a_sweep_takes_its_workers_with_it(tmp_path):
+  """SIGKILL of a two-worker sweep: both workers are gone within seconds, so
+  a restarted sweep never shares a run folder with an orphan still writing."""
+  script = tmp_path / "sleepy_sweep.py"
+  script.write_text(_SLEEPY_SWEEP.format(root=ROOT))
+  root = tmp_path / "root"
+  parent = subprocess.Popen([sys.executable, str(script), str(root)], cwd=ROOT)
+  pid_files = [root / f"seed={s}" / "pid" for s in (0, 1)]
+  deadline = time.time() + 120
+  while not all(p.is_file() and p.read_text() for p in pid_files):
+    assert parent.poll() is None and time.time() < deadline, "the workers never started"
+    time.sleep(0.2)
+  workers = [int(p.read_text()) for p in pid_files]
+  parent.kill()
+  parent.wait()
+  deadline = time.time() + 15
+  alive = workers
+  while alive and time.time() < deadline:
+    time.sleep(0.2)
+    alive = [w for w in workers if _alive(w)]
+  assert not alive, f"workers {alive} outlived their killed sweep"
+
+
+def _alive(pid: int) -> bool:
+  try:
+    with open(f"/proc/{pid}/stat") as f:
+      return f.read().split(")")[-1].split()[0] != "Z"  # a zombie has exited
+  except FileNotFoundError:
+    return False
