@@ -181,6 +181,37 @@ def missing_manifests(root: str = "experiments/results") -> list[str]:
   )
 
 
+def provenance_rows(root: str = RESULTS_DIR) -> list[dict]:
+  """One row per committed result folder under ``root`` (sorted): the
+  commit its manifest records, whether that tree was clean, the recorded
+  wall time and command -- so a reader sees which results a clean commit
+  produced and which an invocation that only read runs back."""
+  rows = []
+  for name in sorted(paths.listdir(root)) if paths.isdir(root) else []:
+    path = paths.join(root, name, MANIFEST)
+    if name.startswith(".") or not paths.exists(path):
+      continue
+    m = json.loads(paths.read_text(path))
+    dirty = m.get("git_dirty")
+    rows.append(
+        dict(
+            folder=name,
+            commit=(m.get("git_commit") or "")[:7] or None,
+            tree={True: "dirty", False: "clean"}.get(dirty, "unknown"),
+            wall_s=float(m["wall_seconds"]),
+            command=f"`{m['command']}`",
+        )
+    )
+  return rows
+
+
+def provenance_table(root: str = RESULTS_DIR) -> str:
+  """``provenance_rows`` as the markdown table ``experiments/README.md`` commits."""
+  return markdown_table(
+      provenance_rows(root), ["folder", "commit", "tree", "wall_s", "command"], {"wall_s": ".0f"}
+  )
+
+
 def csv_cells(row: dict) -> dict:
   """``row`` with every cell that has a ``columns(name)`` method (an
   interval: ``stats.Estimate``) spread into its numeric columns."""
@@ -328,3 +359,9 @@ class Results:
     path = paths.join(self.dir, MANIFEST)
     paths.write_atomic(path, json.dumps(doc, indent=1, default=str))
     return path
+
+
+if (
+    __name__ == "__main__"
+):  # python -m cbs_jax.report: the provenance table of the committed results
+  print(provenance_table())

@@ -201,6 +201,36 @@ def test_every_committed_result_folder_has_a_manifest():
     assert ROOT not in json.dumps(doc), f"{d}/manifest.json names this machine's {ROOT}"
 
 
+def test_provenance_rows_read_each_manifest(tmp_path):
+  """Rows come from the manifests themselves: commit cut to 7, the dirty flag
+  spelled out, folders without a manifest skipped."""
+  for name, dirty in (("b_study", True), ("a_study", False), ("c_unknown", None)):
+    os.makedirs(tmp_path / name)
+    doc = dict(
+        git_commit="0123456789abcdef", git_dirty=dirty, wall_seconds=61.4, command="python x.py"
+    )
+    (tmp_path / name / report.MANIFEST).write_text(json.dumps(doc))
+  os.makedirs(tmp_path / "no_manifest")
+  rows = report.provenance_rows(str(tmp_path))
+  assert [r["folder"] for r in rows] == ["a_study", "b_study", "c_unknown"]
+  assert [r["tree"] for r in rows] == ["clean", "dirty", "unknown"]
+  assert {r["commit"] for r in rows} == {"0123456"}
+  assert "| a_study | 0123456 | clean | 61 | `python x.py` |" in report.provenance_table(
+      str(tmp_path)
+  )
+
+
+def test_experiments_readme_provenance_table_matches_the_manifests():
+  """The table in experiments/README.md is what ``python -m cbs_jax.report``
+  prints from the committed manifests, so it cannot go stale."""
+  with open(os.path.join(ROOT, "experiments", "README.md")) as f:
+    text = f.read()
+  m = re.search(r"<!-- provenance:begin -->\n(.*?)\n<!-- provenance:end -->", text, re.S)
+  assert m, "experiments/README.md has no provenance table"
+  want = report.provenance_table(os.path.join(ROOT, "experiments", "results"))
+  assert m.group(1) == want, "regenerate it: python -m cbs_jax.report"
+
+
 def test_citation_cff():
   """CITATION.cff parses, names the software at setup.py's version, and marks
   every author it does not know as a placeholder instead of inventing one."""
