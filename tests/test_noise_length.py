@@ -104,3 +104,28 @@ def test_analyse_writes_the_table_fits_and_figure(tmp_path):
     assert (d / name).stat().st_size > 0
   md = (d / "noise_length.md").read_text()
   assert "ratio ∝ length^" in md and "not matched (left out): none" in md
+
+
+def test_matching_includes_its_bound_and_needs_the_target_reached():
+  assert S.is_matched(True, 0.75, 0.7)  # |0.75 - 0.7| = 0.05 in floats is 0.05000000000000004
+  assert S.is_matched(True, 0.25, 0.3)
+  assert not S.is_matched(True, 0.7501, 0.7)
+  assert not S.is_matched(False, 0.7, 0.7)  # stopped at the step cap, not at the target
+
+
+def test_level_means_are_geometric_means_with_a_t_interval_on_logs():
+  rows = [row("length", 2, 0.3, s, r) for s, r in enumerate((8.0, 12.0, 18.0))]
+  rows.append(row("length", 4, 0.3, 0, 20.0))
+  m2, m4 = S.level_means(rows)
+  assert m2["n"] == 3 and m2["ratio"] == pytest.approx(12.0)  # (8 * 12 * 18)^(1/3) = 12
+  logs = np.log([8.0, 12.0, 18.0])
+  half = 2.919986 * logs.std(ddof=1) / math.sqrt(3)  # t(0.95, 2 dof) from a table
+  assert m2["lo"] == pytest.approx(12.0 * math.exp(-half), rel=1e-5)
+  assert m2["hi"] == pytest.approx(12.0 * math.exp(half), rel=1e-5)
+  assert m4["n"] == 1 and math.isnan(m4["lo"])  # one base: no interval
+
+
+def test_token_counts_read_as_text():
+  assert S._tokens(3497.2) == "3,497"
+  assert S._tokens(8.99e19) == "9.0e+19"
+  assert S._tokens(math.inf) == "∞" and S._tokens(math.nan) == "unbounded"
