@@ -80,6 +80,54 @@ def git_dirty(cwd: str | None = None) -> bool | None:
   return None if status is None else bool(status)
 
 
+def git_commit(cwd: str | None = None) -> str | None:
+  """HEAD of the checkout (of this package, or ``cwd``'s); None outside git."""
+  return _git("rev-parse", "HEAD", cwd=cwd)
+
+
+# one line per sweep invocation that ran something (written by cbs_jax.sweep),
+# so a manifest written by a read-back invocation still knows what the runs cost
+LEDGER = "invocations.jsonl"
+
+
+def record_invocation(root: str, record: dict) -> None:
+  """Add ``record`` as a line of ``root``'s ledger (the file rewritten whole,
+  ``paths.write_atomic``: object stores have no append)."""
+  path = paths.join(root, LEDGER)
+  old = paths.read_text(path) if paths.exists(path) else ""
+  paths.write_atomic(path, old + json.dumps(record, sort_keys=True) + "\n")
+
+
+def ledger(root: str) -> dict:
+  """What the sweep invocations under ``root`` cost -- its own ledger and
+  those of its sub-sweeps one level down (``root/<arm>/``): the records
+  (oldest first, each naming its sweep folder), their summed wall seconds
+  and runs, and the commits they ran at (empty when no invocation recorded
+  one, e.g. runs made before the ledger existed)."""
+  recs = []
+  subs = (
+      [d for d in paths.listdir(root) if paths.isdir(paths.join(root, d))]
+      if paths.isdir(root)
+      else []
+  )
+  for sub in ["", *sorted(subs)]:  # a study's sub-sweeps (root/<arm>/) count too
+    path = paths.join(root, sub, LEDGER) if sub else paths.join(root, LEDGER)
+    if paths.exists(path):
+      recs += [
+          dict(json.loads(x), sweep=sub or ".")
+          for x in paths.read_text(path).splitlines()
+          if x.strip()
+      ]
+  recs.sort(key=lambda r: r["started_utc"])
+  return dict(
+      invocations=recs,
+      wall_seconds=float(sum(r["wall_seconds"] for r in recs)),
+      runs=int(sum(r["ran"] for r in recs)),
+      commits=sorted({r["git_commit"] for r in recs if r.get("git_commit")}),
+      any_dirty=any(bool(r.get("git_dirty")) for r in recs),
+  )
+
+
 ISA_PREFIXES = ("avx", "fma", "f16c", "amx", "sse4", "bmi", "vaes", "vpclmul", "gfni")
 
 
@@ -127,7 +175,7 @@ def provenance() -> dict:
   except Exception as e:  # a manifest must never fail on a device query
     devices, backend = [f"unavailable: {e}"], None
   return dict(
-      git_commit=_git("rev-parse", "HEAD"),
+      git_commit=git_commit(),
       git_dirty=git_dirty(),
       versions=versions,
       python=sys.version.split()[0],
@@ -183,9 +231,11 @@ def missing_manifests(root: str = "experiments/results") -> list[str]:
 
 def provenance_rows(root: str = RESULTS_DIR) -> list[dict]:
   """One row per committed result folder under ``root`` (sorted): the
-  commit its manifest records, whether that tree was clean, the recorded
-  wall time and command -- so a reader sees which results a clean commit
-  produced and which an invocation that only read runs back."""
+  commit its manifest records, whether that tree was clean, the wall time of
+  the command that wrote it, the summed wall time of every sweep invocation
+  that ran its runs (``sweep_s``, where the manifest holds the ledger) and
+  the command -- so a reader sees which results a clean commit produced and
+  which an invocation that only read runs back."""
   rows = []
   for name in sorted(paths.listdir(root)) if paths.isdir(root) else []:
     path = paths.join(root, name, MANIFEST)
@@ -199,6 +249,7 @@ def provenance_rows(root: str = RESULTS_DIR) -> list[dict]:
             commit=(m.get("git_commit") or "")[:7] or None,
             tree={True: "dirty", False: "clean"}.get(dirty, "unknown"),
             wall_s=float(m["wall_seconds"]),
+            sweep_s=m["ledger"]["wall_seconds"] if m.get("ledger", {}).get("invocations") else None,
             command=f"`{m['command']}`",
         )
     )
@@ -208,7 +259,9 @@ def provenance_rows(root: str = RESULTS_DIR) -> list[dict]:
 def provenance_table(root: str = RESULTS_DIR) -> str:
   """``provenance_rows`` as the markdown table ``experiments/README.md`` commits."""
   return markdown_table(
-      provenance_rows(root), ["folder", "commit", "tree", "wall_s", "command"], {"wall_s": ".0f"}
+      provenance_rows(root),
+      ["folder", "commit", "tree", "wall_s", "sweep_s", "command"],
+      {"wall_s": ".0f", "sweep_s": ".0f"},
   )
 
 
@@ -331,14 +384,19 @@ class Results:
       config: Any = None,
       command: Sequence[str] | str | None = None,
       wall_seconds: float | None = None,
+      runs_root: str | None = None,
       **extra,
   ) -> str:
     """Write ``manifest.json``: the keys of ``MANIFEST_KEYS`` (provenance,
     the full config, the command line, wall time) plus ``extra``.
 
     ``command`` defaults to this process's command line (``command_line``);
-    ``wall_seconds`` to the time since this ``Results`` was created."""
-    clash = sorted(set(extra) & set(MANIFEST_KEYS))
+    ``wall_seconds`` to the time since this ``Results`` was created. With
+    ``runs_root`` (the study's sweep root) the manifest also holds ``ledger``:
+    that root's ``ledger`` -- every invocation that ran runs, their summed
+    wall time and commits -- so a manifest rewritten by an invocation that
+    only read the runs back still says what they cost and what made them."""
+    clash = sorted(set(extra) & set(MANIFEST_KEYS + ("ledger",)))
     if clash:
       raise ValueError(f"manifest extra fields {clash} would overwrite recorded provenance")
     if wall_seconds is None:
@@ -356,6 +414,8 @@ class Results:
         **provenance(),
         **extra,
     )
+    if runs_root is not None:
+      doc["ledger"] = ledger(runs_root)
     path = paths.join(self.dir, MANIFEST)
     paths.write_atomic(path, json.dumps(doc, indent=1, default=str))
     return path

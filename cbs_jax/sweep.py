@@ -11,7 +11,7 @@ On a pod (``config.distributed.enabled``) every process runs the same
 command: the processes run each grid point together, in the same order, as
 one multi-process job. Which runs are finished is decided by process 0 from
 the shared root and broadcast, so no process skips a run another one runs;
-only process 0 writes ``config.json`` and ``results.jsonl``. The
+only process 0 writes ``config.json``, ``results.jsonl`` and the ledger. The
 ``distributed.*`` fields (coordinator, process id) describe the launch, not
 the run: they are not part of a run's identity.
 
@@ -26,11 +26,18 @@ row (name, overrides, summary) is refreshed in ``root/results.jsonl`` by an
 atomic rewrite (``paths.write_atomic``: tmp file + rename locally, one object
 upload under an object-store URI root), so an interruption at any moment
 loses no finished result and redoes no finished run.
+
+Every invocation that runs something adds a line to ``root/invocations.jsonl``
+(``report.record_invocation``: start, wall seconds, runs made of those due,
+commit and dirty flag; on success, an error or Ctrl-C, not on SIGKILL), so a
+study's manifest (``report.Results.manifest(runs_root=...)``) states what
+its runs cost over every invocation, not only the last one's read-back.
 """
 
 from __future__ import annotations
 
 import copy
+import datetime
 import hashlib
 import itertools
 import json
@@ -38,6 +45,7 @@ import os
 import re
 import signal
 import sys
+import time
 from typing import Any, Callable, Sequence
 
 import jax
@@ -48,6 +56,7 @@ from jax.experimental import multihost_utils
 
 from cbs_jax import config as config_lib
 from cbs_jax import paths
+from cbs_jax import report
 from cbs_jax import sharding
 from cbs_jax import train
 
@@ -331,14 +340,41 @@ def run_sweep(
   bar = tqdm.tqdm(
       total=len(runs), initial=len(runs) - len(todo), desc="sweep", disable=not (progress and lead)
   )
+  ran = []
 
   def finish(i, summary):
     name, over, _ = runs[i]
     rows[i] = dict(name=name, overrides=over, workdir=prepared[i][0], summary=summary)
     if lead:
       _store_result(root, rows[i])
+    ran.append(name)
     bar.update(1)
 
+  started = datetime.datetime.now(datetime.timezone.utc).isoformat()
+  clock = time.monotonic()
+  try:
+    _run_todo(todo, runs, prepared, run_fn, workers, finish, bar)
+  finally:  # an exception or Ctrl-C is recorded too; a SIGKILL is not
+    if lead and todo:
+      report.record_invocation(
+          root,
+          dict(
+              started_utc=started,
+              wall_seconds=time.monotonic() - clock,
+              ran=len(ran),
+              of=len(todo),
+              completed=len(ran) == len(todo),
+              workers=workers,
+              git_commit=report.git_commit(),
+              git_dirty=report.git_dirty(),
+          ),
+      )
+  bar.close()
+  return rows
+
+
+def _run_todo(todo, runs, prepared, run_fn, workers, finish, bar) -> None:
+  """Run the runs ``todo`` (indices), calling ``finish(i, summary)`` as each ends."""
   if workers == 1 or len(todo) <= 1:
     for i in todo:
       bar.set_postfix_str(runs[i][0])
@@ -363,8 +399,6 @@ def run_sweep(
         for fut in futures:  # a failed run stops the sweep: start nothing new
           fut.cancel()
         raise
-  bar.close()
-  return rows
 
 
 def grid(spec: dict[str, Any]) -> list[dict[str, Any]]:

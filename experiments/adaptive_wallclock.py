@@ -528,6 +528,7 @@ def main(argv=None):
         out.path("_n_modelled.png"),
     )
   out.manifest(
+      runs_root=args.root,
       config=ad,
       wall_seconds=time.time() - t0,
       targets=list(tgt),

@@ -227,7 +227,11 @@ def main(argv=None):
   bn = [r["b_noise"] for r in noise_rows if r["b_noise"] == r["b_noise"]] or None
   study_report.law_figures(out, recs, fits[main_t], main_t, "on-policy", b_noise=bn)
   out.manifest(
-      config=c, wall_seconds=time.time() - t0, sweep=batch_law.sweep(arg), targets=list(tgt)
+      runs_root=args.root,
+      config=c,
+      wall_seconds=time.time() - t0,
+      sweep=batch_law.sweep(arg),
+      targets=list(tgt),
   )
 
 

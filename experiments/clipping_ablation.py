@@ -305,6 +305,7 @@ def main(argv=None):
   if args.replot:  # the manifest stays the sweep's: its commit, command and wall time
     return
   out.manifest(
+      runs_root=args.root,
       config={n: c.to_dict() for n, c in configs.items()},
       wall_seconds=time.time() - t0,
       variants=variants,

@@ -387,6 +387,7 @@ def main(argv=None):
   if args.replot:  # the manifest stays the sweep's
     return
   out.manifest(
+      runs_root=args.root,
       config={v: c.to_dict() for v, c in configs.items()},
       wall_seconds=time.time() - t0,
       variants=variants,

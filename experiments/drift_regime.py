@@ -203,6 +203,7 @@ def main(argv=None):
       )
   )
   out.manifest(
+      runs_root=args.root,
       config={v: c.to_dict() for v, c in configs.items()},
       wall_seconds=time.time() - t0,
       epochs=args.epochs,

@@ -545,6 +545,7 @@ def analyse(args, recs, tgt, lr0, ref, t_start):
     out.figure(fig, "_lr.png")
   if not args.replot:  # the manifest stays the sweep's: its commit, command, wall time
     out.manifest(
+        runs_root=args.root,
         config=study_config(args.quick),
         wall_seconds=time.time() - t_start,
         targets=list(tgt),
@@ -788,6 +789,7 @@ def analyse_arm(args, arm, recs, on_recs, tgt, t_start):
   )
   if not args.replot:  # the manifest stays the sweep's: its commit, command, wall time
     out.manifest(
+        runs_root=args.root,
         config=study_config(args.quick, arm),
         wall_seconds=time.time() - t_start,
         targets=list(tgt),

@@ -221,6 +221,7 @@ def main(argv=None):
   )
   plots.save(fig, out.path(".png"))
   out.manifest(
+      runs_root=args.root,
       config={v: c.to_dict() for v, c in configs.items()},
       wall_seconds=time.time() - t0,
       variants=variants,

@@ -320,6 +320,7 @@ def analyse(args, table, t0, command):
   out.figure(plots.noise_length(table, f, PUBLISHED))
   if not args.replot:
     out.manifest(
+        runs_root=args.root,
         config=cfg.get_config("quick" if args.quick else "1").to_dict(),
         wall_seconds=time.time() - t0,
         points=len(table),

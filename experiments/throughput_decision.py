@@ -264,7 +264,7 @@ def main(argv=None):
       ),
       out.path("_time.png"),
   )
-  out.manifest(config=c, wall_seconds=time.time() - t0, targets=list(tgt))
+  out.manifest(runs_root=args.root, config=c, wall_seconds=time.time() - t0, targets=list(tgt))
 
 
 if __name__ == "__main__":

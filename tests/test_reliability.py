@@ -30,6 +30,7 @@ from cbs_jax import checkpoint as ckpt_lib
 from cbs_jax import config as config_lib
 from cbs_jax import metrics as metrics_lib
 from cbs_jax import model as model_lib
+from cbs_jax import report
 from cbs_jax import run_setup
 from cbs_jax import sft as sft_lib
 from cbs_jax import sweep
@@ -830,6 +831,17 @@ def test_interrupted_sweep_resumes_without_redoing_or_losing_runs(monkeypatch, t
   # the interrupted run resumed from its checkpoint: no round lost or doubled
   assert [r["round"] for r in read_rows(second)] == [0, 1, 2, 3, 4]
 
+  # the ledger: the interrupted invocation (1 of 3 runs) and the one that finished
+  led = report.ledger(root)
+  assert [(r["ran"], r["of"], r["completed"]) for r in led["invocations"]] == [
+      (1, 3, False),
+      (2, 2, True),
+  ]
+  assert led["runs"] == 3 and led["wall_seconds"] == pytest.approx(
+      sum(r["wall_seconds"] for r in led["invocations"])
+  )
+  assert all(r["wall_seconds"] > 0 for r in led["invocations"])
+
   # a third call finds everything done: nothing runs, nothing changes
   calls.clear()
   before = listing(root)
@@ -840,6 +852,11 @@ def test_interrupted_sweep_resumes_without_redoing_or_losing_runs(monkeypatch, t
       k: v for k, v in before.items() if k != "results.jsonl"
   }
   assert canon(sweep.read_results(root)) == canon(rows)
+  assert report.ledger(root) == led  # a read-back adds no invocation
+  # a study's manifest written by this read-back still says what the runs cost
+  res = report.Results("study", root=str(tmp_path / "results"))
+  doc = json.loads(open(res.manifest(wall_seconds=0.1, runs_root=root)).read())
+  assert doc["wall_seconds"] == 0.1 and doc["ledger"] == led
 
   # a different config under the same names is refused, naming the field
   other = tiny_config(task__name="interruptible", train__num_rounds=5)

@@ -211,13 +211,17 @@ def test_provenance_rows_read_each_manifest(tmp_path):
     )
     (tmp_path / name / report.MANIFEST).write_text(json.dumps(doc))
   os.makedirs(tmp_path / "no_manifest")
+  led = dict(invocations=[dict(wall_seconds=100.0, ran=2)], wall_seconds=100.0)
+  doc = json.loads((tmp_path / "b_study" / report.MANIFEST).read_text())
+  (tmp_path / "b_study" / report.MANIFEST).write_text(json.dumps(dict(doc, ledger=led)))
   rows = report.provenance_rows(str(tmp_path))
   assert [r["folder"] for r in rows] == ["a_study", "b_study", "c_unknown"]
   assert [r["tree"] for r in rows] == ["clean", "dirty", "unknown"]
   assert {r["commit"] for r in rows} == {"0123456"}
-  assert "| a_study | 0123456 | clean | 61 | `python x.py` |" in report.provenance_table(
-      str(tmp_path)
-  )
+  assert [r["sweep_s"] for r in rows] == [None, 100.0, None]
+  table = report.provenance_table(str(tmp_path))
+  assert "| a_study | 0123456 | clean | 61 | – | `python x.py` |" in table
+  assert "| b_study | 0123456 | dirty | 61 | 100 | `python x.py` |" in table
 
 
 def test_experiments_readme_provenance_table_matches_the_manifests():
@@ -363,3 +367,21 @@ def test_rows_written_then_read_back_are_the_same_numbers(tmp_path):
   assert back[1]["extra"] == -2.5e-07 and back[0]["extra"] is None
   assert back[1]["round"] == 5 and isinstance(back[1]["round"], int)
   assert math.isnan(back[2]["value"])
+
+
+def test_ledger_sums_a_root_and_its_sub_sweeps(tmp_path):
+  root = tmp_path / "runs"
+  rec = lambda t, s, n: dict(started_utc=t, wall_seconds=s, ran=n, git_commit="c1", git_dirty=False)
+  os.makedirs(root / "off4" / "some_run")
+  report.record_invocation(str(root), rec("2026-01-02", 30.0, 2))
+  report.record_invocation(str(root / "off4"), rec("2026-01-01", 12.5, 1))
+  report.record_invocation(str(root), rec("2026-01-03", 0.5, 1))
+  led = report.ledger(str(root))
+  assert [(r["sweep"], r["wall_seconds"]) for r in led["invocations"]] == [
+      ("off4", 12.5),
+      (".", 30.0),
+      (".", 0.5),
+  ]
+  assert led["wall_seconds"] == 43.0 and led["runs"] == 4
+  assert led["commits"] == ["c1"] and led["any_dirty"] is False
+  assert report.ledger(str(tmp_path / "absent"))["invocations"] == []
