@@ -173,7 +173,7 @@ def fits(table: list[dict], quick: bool) -> dict:
     )
   except ValueError as e:
     out["length"] = dict(error=str(e))
-  out["levels"] = level_means(length)
+  out["levels"] = group_means(length, "level")
   at = [
       r
       for r in table
@@ -185,16 +185,19 @@ def fits(table: list[dict], quick: bool) -> dict:
     )
   except ValueError as e:
     out["pass"] = dict(error=str(e))
+  out["targets"] = group_means(at, "target")
   return out
 
 
-def level_means(rows: list[dict], level: float = 0.9) -> list[dict]:
-  """Per level: the geometric mean ratio over its bases with a t-interval
-  on the log scale (bases as replicates; none with one base), and the mean
-  completion length -- the shape the line through them summarises."""
+def group_means(rows: list[dict], key: str = "level", level: float = 0.9) -> list[dict]:
+  """Per value of ``key`` (a level, or a target pass rate): the geometric
+  mean ratio over its bases with a t-interval on the log scale (bases as
+  replicates; none with one base), the mean completion length and pass
+  rate -- the shape the line through them summarises."""
   out = []
-  for lv in sorted({r["level"] for r in rows}):
-    logs = np.log([r["ratio"] for r in rows if r["level"] == lv])
+  for lv in sorted({r[key] for r in rows}):
+    sel = [r for r in rows if r[key] == lv]
+    logs = np.log([r["ratio"] for r in sel])
     n = logs.size
     m = float(logs.mean())
     half = (
@@ -204,9 +207,10 @@ def level_means(rows: list[dict], level: float = 0.9) -> list[dict]:
     )
     out.append(
         dict(
-            level=lv,
+            {key: lv},
             n=n,
-            completion_len=float(np.mean([r["completion_len"] for r in rows if r["level"] == lv])),
+            completion_len=float(np.mean([r["completion_len"] for r in sel])),
+            pass_rate=float(np.mean([r["pass_rate"] for r in sel])),
             ratio=math.exp(m),
             lo=math.exp(m - half),
             hi=math.exp(m + half),
@@ -270,6 +274,13 @@ def fit_lines(f: dict) -> list[str]:
         f"[{Pf['b_lo']:.2f}, {Pf['b_hi']:.2f}] per unit pass ({Pf['n']} bases, "
         f"{Pf['groups']} targets); lack of fit {lof['verdict']} (p = {lof['p_value']:.2g})."
     )
+  means = "; ".join(
+      f"target {m['target']:g} (pass {m['pass_rate']:.2f}, {m['n']} bases) {m['ratio']:.1f} "
+      f"[{m['lo']:.1f}, {m['hi']:.1f}]"
+      for m in f.get("targets", [])
+  )
+  if means:
+    lines.append(f"- per target pass rate, geometric mean ratio [90% t-interval]: {means}.")
   return lines
 
 

@@ -84,7 +84,9 @@ def test_off_arm_scans_three_batch_sizes_then_shifts_the_rest():
 
 
 def _args(tmp_path, ns):
-  return argparse.Namespace(out=str(tmp_path), ns=ns, quick=False, cap=3.0, replot=False)
+  return argparse.Namespace(
+      out=str(tmp_path), root=str(tmp_path / "runs"), ns=ns, quick=False, cap=3.0, replot=False
+  )
 
 
 def _read(path):

@@ -97,7 +97,9 @@ def test_a_flat_trend_says_unresolved_not_a_length():
 
 
 def test_analyse_writes_the_table_fits_and_figure(tmp_path):
-  args = argparse.Namespace(out=str(tmp_path), quick=False, replot=False)
+  args = argparse.Namespace(
+      out=str(tmp_path), quick=False, replot=False, root=str(tmp_path / "runs")
+  )
   S.analyse(args, synthetic(), 0.0, "python experiments/noise_length.py")
   d = tmp_path / "noise_length"
   for name in ("noise_length.md", "noise_length.csv", "noise_length.png", "manifest.json"):
@@ -113,16 +115,18 @@ def test_matching_includes_its_bound_and_needs_the_target_reached():
   assert not S.is_matched(False, 0.7, 0.7)  # stopped at the step cap, not at the target
 
 
-def test_level_means_are_geometric_means_with_a_t_interval_on_logs():
+def test_group_means_are_geometric_means_with_a_t_interval_on_logs():
   rows = [row("length", 2, 0.3, s, r) for s, r in enumerate((8.0, 12.0, 18.0))]
   rows.append(row("length", 4, 0.3, 0, 20.0))
-  m2, m4 = S.level_means(rows)
+  m2, m4 = S.group_means(rows)
   assert m2["n"] == 3 and m2["ratio"] == pytest.approx(12.0)  # (8 * 12 * 18)^(1/3) = 12
   logs = np.log([8.0, 12.0, 18.0])
   half = 2.919986 * logs.std(ddof=1) / math.sqrt(3)  # t(0.95, 2 dof) from a table
   assert m2["lo"] == pytest.approx(12.0 * math.exp(-half), rel=1e-5)
   assert m2["hi"] == pytest.approx(12.0 * math.exp(half), rel=1e-5)
   assert m4["n"] == 1 and math.isnan(m4["lo"])  # one base: no interval
+  (by_target,) = S.group_means(rows, "target")  # every row at target 0.3: one group of 4
+  assert by_target["target"] == 0.3 and by_target["n"] == 4
 
 
 def test_token_counts_read_as_text():

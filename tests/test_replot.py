@@ -24,6 +24,7 @@ STUDIES = [
         [],
     ),
     ("lr_envelope", ["--arm=warmup5"], "lr_envelope_warmup5", ["lr_envelope"]),
+    ("noise_length", [], "noise_length", []),
 ]
 
 
