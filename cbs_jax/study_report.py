@@ -14,9 +14,9 @@ records (``study.collect``, ``study.per_batch_rows``, ``study.fit_targets``):
 from __future__ import annotations
 
 import csv
-import json
 
 from cbs_jax import plots
+from cbs_jax import report
 from cbs_jax import stats
 from cbs_jax import study
 
@@ -86,8 +86,7 @@ def save_fits(path: str, fits_by_name: dict, **extra) -> None:
       name: {str(t): {k: v for k, v in f.items() if k != "boot_B_crit"} for t, f in fits.items()}
       for name, fits in fits_by_name.items()
   }
-  with open(path, "w") as fh:
-    json.dump(doc | extra, fh, indent=1, default=float)
+  report.write_json(path, doc | extra)
 
 
 def law_figures(

@@ -366,8 +366,7 @@ def main(argv=None):
       + (", at the published drift)" if regime else ")"),
       notes="\n".join(notes),
   )
-  with open(out.path("_fits.json"), "w") as f:
-    json.dump(dict(fits=fits, points=table), f, indent=1, default=float)
+  report.write_json(out.path("_fits.json"), dict(fits=fits, points=table))
   for q in ("inflation", "trace_intra", "b_noise"):
     for arm in fits:
       sel = [r for r in groups[arm] if r[q] == r[q]]

@@ -17,6 +17,7 @@ import sys
 import textwrap
 import time
 
+import numpy as np
 import pytest
 
 from cbs_jax import report
@@ -353,8 +354,9 @@ def test_git_dirty_ignores_the_committed_results_a_study_rewrites(tmp_path):
 
 
 def test_rows_written_then_read_back_are_the_same_numbers(tmp_path):
-  """The per-run curves a figure is redrawn from: floats exactly (repr
-  round trip), integers as ints, text as text, a missing cell as None."""
+  """The per-run curves a figure is redrawn from: floats to ``report.stable``'s
+  10 significant digits (then exact on a second round trip), integers as
+  ints, text as text, a missing cell as None."""
   out = report.Results("demo", root=str(tmp_path))
   rows = [
       dict(run="a__seed=0", round=0, value=0.1 + 0.2, rollouts=1024),
@@ -363,7 +365,9 @@ def test_rows_written_then_read_back_are_the_same_numbers(tmp_path):
   ]
   back = report.read_rows(out.rows(rows, "_curves.csv"))
   assert [r["run"] for r in back] == ["a__seed=0", "a__seed=0", "b"]
-  assert back[0]["value"] == 0.1 + 0.2 and back[1]["value"] == 1 / 3
+  assert back[0]["value"] == 0.3 and back[1]["value"] == 0.3333333333
+  again = report.read_rows(out.rows(back, "_again.csv"))
+  assert [r["value"] for r in again[:2]] == [0.3, 0.3333333333]  # a fixed point
   assert back[1]["extra"] == -2.5e-07 and back[0]["extra"] is None
   assert back[1]["round"] == 5 and isinstance(back[1]["round"], int)
   assert math.isnan(back[2]["value"])
@@ -385,3 +389,13 @@ def test_ledger_sums_a_root_and_its_sub_sweeps(tmp_path):
   assert led["wall_seconds"] == 43.0 and led["runs"] == 4
   assert led["commits"] == ["c1"] and led["any_dirty"] is False
   assert report.ledger(str(tmp_path / "absent"))["invocations"] == []
+
+
+def test_stable_rounds_floats_to_ten_digits_and_leaves_the_rest():
+  a, b = 0.8386675062352639, 0.8386675062352589  # one fit on two processors
+  assert report.stable(a) == report.stable(b) == 0.8386675062
+  doc = dict(x=[np.float64(1.23456789012345e-7), (2.5, 3)], n=7, ok=True, s="1.0", bad=math.nan)
+  got = report.stable(doc)
+  assert got["x"] == [1.234567890e-7, (2.5, 3)] and got["n"] == 7 and got["ok"] is True
+  assert got["s"] == "1.0" and math.isnan(got["bad"]) and report.stable(math.inf) == math.inf
+  assert isinstance(got["x"][0], float)
