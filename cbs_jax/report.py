@@ -282,7 +282,7 @@ def stable(obj: Any, digits: int = STABLE_DIGITS) -> Any:
     return {k: stable(v, digits) for k, v in obj.items()}
   if isinstance(obj, (list, tuple)):
     return type(obj)(stable(v, digits) for v in obj)
-  if isinstance(obj, (bool, np.bool_)) or isinstance(obj, (int, np.integer)):
+  if isinstance(obj, (bool, np.bool_, int, np.integer)):
     return obj
   if isinstance(obj, (float, np.floating)):
     x = float(obj)
@@ -452,7 +452,6 @@ class Results:
     return path
 
 
-if (
-    __name__ == "__main__"
-):  # python -m cbs_jax.report: the provenance table of the committed results
+# python -m cbs_jax.report: the provenance table of the committed results
+if __name__ == "__main__":
   print(provenance_table())

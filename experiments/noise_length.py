@@ -36,17 +36,16 @@ from __future__ import annotations
 
 import functools
 import math
-import os
 import time
 
 import numpy as np
-import scipy.stats as sps
 from absl import logging
 
 from cbs_jax import measure
 from cbs_jax import plots
 from cbs_jax import report
 from cbs_jax import stats
+from cbs_jax import study
 from cbs_jax import study_runner
 from cbs_jax import sweep
 from cbs_jax import trend
@@ -197,23 +196,16 @@ def group_means(rows: list[dict], key: str = "level", level: float = 0.9) -> lis
   out = []
   for lv in sorted({r[key] for r in rows}):
     sel = [r for r in rows if r[key] == lv]
-    logs = np.log([r["ratio"] for r in sel])
-    n = logs.size
-    m = float(logs.mean())
-    half = (
-        float(sps.t.ppf((1 + level) / 2, n - 1) * logs.std(ddof=1) / math.sqrt(n))
-        if n > 1
-        else math.nan
-    )
+    ci = study.seed_interval(np.log([r["ratio"] for r in sel]).tolist(), level)
     out.append(
         dict(
             {key: lv},
-            n=n,
+            n=ci["n"],
             completion_len=float(np.mean([r["completion_len"] for r in sel])),
             pass_rate=float(np.mean([r["pass_rate"] for r in sel])),
-            ratio=math.exp(m),
-            lo=math.exp(m - half),
-            hi=math.exp(m + half),
+            ratio=math.exp(ci["mean"]),
+            lo=math.exp(ci["lo"]) if ci["lo"] is not None else math.nan,
+            hi=math.exp(ci["hi"]) if ci["hi"] is not None else math.nan,
         )
     )
   return out
