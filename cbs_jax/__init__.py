@@ -8,6 +8,13 @@ Import direction (one way, no cycles; each module imports only lower floors):
   run_setup (Setup) -> sft;  run_state (RunState)
   train -> main, measure, sweep -> study -> study_report, study_runner
   systems -> probes -> plan;  plots, report
+  host_memory (no imports; applied here, on import)
 """
 
+from cbs_jax import host_memory as _host_memory
+
 __version__ = "0.1.0"
+
+# glibc keeps XLA's freed CPU buffers instead of faulting fresh pages in on
+# every call (host_memory; CBS_JAX_KEEP_FREED_MEMORY=0 keeps its defaults)
+_host_memory.configure_from_env()

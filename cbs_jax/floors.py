@@ -187,7 +187,17 @@ class Probes:
       _timed(fn)
 
   def once(self) -> dict[str, float]:
-    return {name: _timed(fn) for name, fn in self.fns.items()}
+    """Seconds of one call of every probe, each timed on its second call in
+    a row: the state a run's steady rounds see, where a program follows
+    itself. On the CPU a call that follows a program of another size can
+    run several times slower (the quickstart update at 256 rollouts: up to
+    ~10x after the 16,384-rollout probes; cbs_jax.host_memory), which no
+    round of a run at one batch size pays."""
+    out = {}
+    for name, fn in self.fns.items():
+      jax.block_until_ready(fn())
+      out[name] = _timed(fn)
+    return out
 
   def fit(self, samples: Sequence[dict]) -> tuple[systems.Overheads, dict]:
     """``Overheads`` from the medians of ``once()`` results, and the raw

@@ -15,8 +15,9 @@ the task tokenizer via ``train.prepare``), P = 16 prompts x K = 16 rollouts =
 N = 256 rollouts, one real rollout batch built by ``train.round_batch``
 (round 0, on-policy: the first update of a round). Paths, each ``jax.jit``-ed
 and warmed up (compile excluded), timed with ``jax.block_until_ready``;
-the paths are timed round-robin (one call of each per repeat) so that load
-from other processes hits all of them alike; median of --repeats:
+the paths are timed round-robin (one call of each per repeat, right after an
+untimed call of the same path, the steady state of a run's updates) so that
+load from other processes hits all of them alike; median of --repeats:
 
 * plain  ``jax.value_and_grad(objective.batch_loss)``: one training gradient
   (with the per-token aux the trainer reads; "plain, grad only" drops the
@@ -354,11 +355,14 @@ def main():
     )
   print(flush=True)
 
-  # ---- timing, round-robin
+  # ---- timing, round-robin; each timed call follows an untimed call of the
+  # same path (a program that follows another program of other sizes can run
+  # slower on the CPU: floors.Probes.once)
   times = {name: [] for name in paths}
   times["loop"] = []
   for r in range(args.repeats):
     for name in paths:
+      jax.block_until_ready(jitted[name](params, batch))
       t = time.perf_counter()
       jax.block_until_ready(jitted[name](params, batch))
       times[name].append(time.perf_counter() - t)

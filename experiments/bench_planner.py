@@ -15,10 +15,11 @@ in one run:
 
 * measured: ``train.round_batch`` (prompts, generation with EOS, host
   verification, advantages) + one ``train.RoundUpdater`` update, metrics read
-  back; compile excluded (one warm-up round per N), median of ``--repeats``;
-  the calibration probes (``floors.Probes``) are timed once per repeat
-  between the rounds, so that slow drift of a shared machine hits the
-  prediction and the measurement alike;
+  back; compile excluded (one warm-up round per N), median of ``--repeats``
+  rounds run back to back (as a run at that N runs them); the calibration
+  probes (``floors.Probes``) are timed once before each N's rounds, so that
+  slow drift of a shared machine hits the prediction and the measurement
+  alike;
 * predicted: N / ``systems.round_time(..., overheads=...)`` with the
   calibrated overheads, and with none (the bare roofline, a lower bound) to
   show what the floors change.
@@ -48,7 +49,6 @@ import numpy as np
 
 from cbs_jax import floors
 from cbs_jax import model as model_lib
-from cbs_jax import run_setup
 from cbs_jax import systems
 from cbs_jax import train
 from configs import default as default_cfg
@@ -131,13 +131,17 @@ def main(argv=None):
       f"{time.perf_counter() - t:.0f} s",
       flush=True,
   )
-  # calibration probes and rounds alternate, so that the machine's drift hits both alike
+  # each N's rounds run back to back, as in a training run at that N, with
+  # one set of calibration probes before each block, so that slow drift of
+  # the machine hits the probes and the rounds alike. Interleaving single
+  # rounds with the probes made this process's N = 256 update ~6x slower
+  # than in a run of its own (the probes' 16,384-rollout update ran between
+  # its calls; host_memory's docstring)
   samples, parts = [], {n: [] for n in ns}
-  for r in range(args.repeats):
+  for i, n in enumerate(ns):
     samples.append(probes.once())
-    for n in ns:
-      parts[n].append(runs[n]())
-    print(f"  repeat {r + 1}/{args.repeats}", flush=True)
+    parts[n] = [runs[n]() for _ in range(args.repeats)]
+    print(f"  N = {n} ({i + 1}/{len(ns)})", flush=True)
   ov, raw = probes.fit(samples)
   acc = probes.acc
   print(f"roofline: {systems.describe(acc)}")

@@ -1,0 +1,77 @@
+"""Keep freed host memory in the process, so XLA's CPU buffers are not
+faulted in afresh on every call (docs/planner.md, "Host memory").
+
+XLA's CPU runtime allocates its temporaries with the C allocator on every
+call and frees them at its end. glibc's malloc serves a block above its
+mmap threshold with a fresh ``mmap`` and hands it back on ``free``, and
+returns the free top of the heap to the system once it exceeds its trim
+threshold; the mmap threshold itself moves with the blocks freed. In a
+process that runs programs of different sizes (the sampler and the update;
+a large batch and then a small one, as a sweep's probes or the adaptive
+controller do), a program's temporaries can land on fresh pages on every
+call: each page is faulted in and zeroed by the kernel before XLA touches
+it. Measured on the 2-core CPU of this project: after one update at
+16,384 rollouts in the same process, the quickstart update at 256
+took 0.26 s with 13,589 page faults per call, and 0.028 s with none once
+both thresholds were fixed at 1 GiB (``experiments/bench_planner.py``'s
+N = 256 outlier).
+
+``keep_freed_memory`` fixes both thresholds (which also stops their
+adaptation), so blocks up to ``threshold`` bytes come from the heap and the
+heap is not trimmed: the process keeps its peak footprint instead of
+handing pages back and faulting them in again. ``cbs_jax`` calls it on
+import (glibc only; elsewhere it does nothing); set the environment
+variable ``CBS_JAX_KEEP_FREED_MEMORY=0`` before the import to keep the C
+library's defaults, e.g. to compare (``experiments/bench_planner.py``
+reports both).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import os
+import platform
+
+ENV = "CBS_JAX_KEEP_FREED_MEMORY"
+# mallopt's parameter numbers (malloc.h)
+_M_TRIM_THRESHOLD = -1
+_M_MMAP_THRESHOLD = -3
+DEFAULT_THRESHOLD = 1 << 30  # bytes; mallopt takes a C int, so at most 2**31 - 1
+
+_applied: int | None = None  # the threshold set in this process, if any
+
+
+def applied() -> int | None:
+  """The threshold ``keep_freed_memory`` set in this process (None: none)."""
+  return _applied
+
+
+def keep_freed_memory(threshold: int = DEFAULT_THRESHOLD) -> bool:
+  """Fix glibc's mmap and trim thresholds at ``threshold`` bytes. Returns
+  whether both were set: False off glibc (macOS, musl), or where the
+  C library refuses the value. Raises ValueError for a threshold that is
+  not a positive C int."""
+  global _applied
+  if not isinstance(threshold, int) or not 0 < threshold < 2**31:
+    raise ValueError(f"threshold must be an int in (0, 2**31), got {threshold!r}")
+  if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
+    return False
+  try:
+    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+  except OSError:
+    return False
+  ok = bool(libc.mallopt(_M_MMAP_THRESHOLD, threshold))
+  ok = bool(libc.mallopt(_M_TRIM_THRESHOLD, threshold)) and ok
+  if ok:
+    _applied = threshold
+  return ok
+
+
+def configure_from_env() -> bool:
+  """``keep_freed_memory()`` unless ``CBS_JAX_KEEP_FREED_MEMORY`` is "0"
+  (any other value, or none, applies it). Called by ``cbs_jax``'s import."""
+  value = os.environ.get(ENV, "1").strip()
+  if value not in ("0", "1", ""):
+    raise ValueError(f"{ENV} must be 0 or 1, got {value!r}")
+  return value != "0" and keep_freed_memory()
