@@ -14,8 +14,13 @@ components (docs/planner.md, "Latency floors"):
 * ``update_step_s`` and ``train_efficiency``: one optimizer update
   (``train.RoundUpdater``, metrics read back) at a few batch sizes: ``floor
   + train_roofline(n) / efficiency``;
-* ``round_trip_s``: a trivial jitted call whose result is read back (one
-  host-device round trip);
+* ``round_trip_s``: a round's fixed cost outside its steps and its
+  per-rollout host work: one trainer round of a single prompt
+  (``train.round_batch``, K rollouts: prompt sampling and encoding,
+  transfers, the sampler with EOS, decoding, verification, advantages)
+  less the sampler alone at the same batch and K rollouts' host work; at
+  least a trivial jitted call read back (one host-device round trip), also
+  timed;
 * ``host_per_rollout_s``: the host work of a rollout (``rollouts``' prompt
   encoding, completion decoding and verification) over many rollouts.
 
@@ -167,6 +172,20 @@ class Probes:
       self.fns[f"decode@{b}"] = functools.partial(sampler, params, prompt, mask, key)
       self.points[f"decode@{b}"] = (Tc, systems.round_time(dims, self.acc, b, Tp, Tc).gen_s)
 
+    # one round of a single prompt, and the sampler alone at its batch: the
+    # difference is what a round pays besides its steps (fit: round_trip_s)
+    self.round_batch = K
+    self.fns[f"round@{K}"] = lambda: train.round_batch(
+        config, graphdef, params, params, setup, 0, 1
+    )[0]
+    self.fns[f"sampler@{K}"] = functools.partial(
+        sampler,
+        params,
+        jnp.asarray(rng.integers(1, setup.model.vocab_size, (K, Tp)), jnp.int32),
+        jnp.ones((K, Tp), bool),
+        jax.random.key(0),
+    )
+
     tx = train.make_optimizer(config.optim)
     for n in update_batches:
       P = n // K
@@ -199,6 +218,15 @@ class Probes:
       out[name] = _timed(fn)
     return out
 
+  def round_fixed_s(self, med: dict) -> float:
+    """A round's seconds outside its steps and its rollouts' host work,
+    from the medians of ``once()``: the single-prompt round less the
+    sampler at its batch and that many rollouts' host work, at least one
+    round trip."""
+    K = self.round_batch
+    host = K * med["host"] / self.host_rollouts
+    return max(med[f"round@{K}"] - med[f"sampler@{K}"] - host, med["round_trip"])
+
   def fit(self, samples: Sequence[dict]) -> tuple[systems.Overheads, dict]:
     """``Overheads`` from the medians of ``once()`` results, and the raw
     calibration (accelerator, points by batch)."""
@@ -212,7 +240,7 @@ class Probes:
     ov = systems.Overheads(
         decode_step_s=d_floor,
         update_step_s=u_floor,
-        round_trip_s=med["round_trip"],
+        round_trip_s=self.round_fixed_s(med),
         host_per_rollout_s=med["host"] / self.host_rollouts,
         decode_efficiency=d_eff,
         train_efficiency=u_eff,
@@ -230,6 +258,8 @@ class Probes:
     )
     raw = dict(
         accelerator=dataclasses.asdict(self.acc),
+        round_trip_s=med["round_trip"],
+        round_fixed_s=ov.round_trip_s,
         decode=[
             dataclasses.asdict(p) | {"batch": int(k[7:])}
             for k, p in pts.items()

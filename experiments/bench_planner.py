@@ -24,9 +24,11 @@ in one run:
   calibrated overheads, and with none (the bare roofline, a lower bound) to
   show what the floors change.
 
-The calibration never sees a round: it times the sampler (no EOS), one
-update and the host's verification separately, at its own batch sizes
-(``--decode_batches``, ``--update_batches``); the efficiency each probe
+The calibration sees one round only, of a single prompt (K rollouts, below
+every N timed here: a round's fixed cost, ``floors.Probes.round_fixed_s``);
+it times the sampler (no EOS), one update and the host's verification
+separately, at its own batch sizes (``--decode_batches``,
+``--update_batches``); the efficiency each probe
 implies after the fitted floor is interpolated in log batch between the
 probes (``systems.Overheads.*_efficiency_at``), so the rounds at the N
 between probe batches are out of sample. Last line:
@@ -148,7 +150,7 @@ def main(argv=None):
   print(
       f"overheads: decode step floor {ov.decode_step_s * 1e6:.1f} us, efficiency "
       f"{ov.decode_efficiency:.3f}; update floor {ov.update_step_s * 1e3:.2f} ms, efficiency "
-      f"{ov.train_efficiency:.3f}; round trip {ov.round_trip_s * 1e6:.1f} us; host "
+      f"{ov.train_efficiency:.3f}; round fixed cost {ov.round_trip_s * 1e6:.1f} us (one round trip {raw['round_trip_s'] * 1e6:.1f} us); host "
       f"{ov.host_per_rollout_s * 1e6:.2f} us per rollout",
       flush=True,
   )

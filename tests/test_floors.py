@@ -162,6 +162,7 @@ def test_calibrate_measures_this_machine():
   ov, raw = floors.calibrate(c, decode_batches=(4, 256), update_batches=(8, 128), reps=3)
   assert ov.decode_efficiency > 0 and ov.train_efficiency > 0
   assert ov.round_trip_s > 0 and ov.host_per_rollout_s > 0
+  assert ov.round_trip_s == raw["round_fixed_s"] >= raw["round_trip_s"] > 0
   assert [p["batch"] for p in raw["decode"]] == [4, 256]
   # the measured times grow with the batch, and the fit reproduces them to a factor of 2
   for kind, floor, eff in (
@@ -234,3 +235,12 @@ def test_each_probe_is_timed_on_its_second_call_in_a_row():
   assert log == ["a", "a", "b", "b"]
   assert t["a"] < 0.1  # the slow first call is not the one timed
   assert 0.05 <= t["b"] < 0.2
+
+
+def test_round_fixed_cost_is_the_single_prompt_round_less_its_sampler_and_host_work():
+  p = object.__new__(floors.Probes)
+  p.round_batch, p.host_rollouts = 16, 4096
+  med = {"round@16": 5e-3, "sampler@16": 2e-3, "host": 4096 * 2e-6, "round_trip": 3e-5}
+  assert p.round_fixed_s(med) == pytest.approx(5e-3 - 2e-3 - 16 * 2e-6)
+  # never below one round trip (a round that cost no more than its sampler)
+  assert p.round_fixed_s(dict(med, **{"round@16": 2.01e-3})) == 3e-5
