@@ -101,12 +101,37 @@ def record_invocation(root: str, record: dict) -> None:
   paths.write_atomic(path, old + json.dumps(record, sort_keys=True) + "\n")
 
 
-def ledger(root: str) -> dict:
+def ledger(root: str, *read_roots: str) -> dict:
   """What the sweep invocations under ``root`` cost -- its own ledger and
   those of its sub-sweeps one level down (``root/<arm>/``): the records
   (oldest first, each naming its sweep folder), their summed wall seconds
   and runs, and the commits they ran at (empty when no invocation recorded
-  one, e.g. runs made before the ledger existed)."""
+  one, e.g. runs made before the ledger existed). ``read_roots``: the other
+  sweep roots a study read finished runs from (e.g. ``--on_root``); their
+  records join in, ``sweep`` naming the root (``<read_root>`` or
+  ``<read_root>/<arm>``), so the cost of every run a table rests on is in
+  one place. A read root equal to ``root`` is counted once."""
+  recs = []
+  for r in dict.fromkeys([root, *read_roots]):  # in order, each once
+    own = r == root
+    for rec in _root_records(r):
+      if not own:
+        sub = rec["sweep"]
+        rec["sweep"] = r if sub == "." else paths.join(r, sub)
+      recs.append(rec)
+  recs.sort(key=lambda r: r["started_utc"])
+  return dict(
+      invocations=recs,
+      wall_seconds=float(sum(r["wall_seconds"] for r in recs)),
+      runs=int(sum(r["ran"] for r in recs)),
+      commits=sorted({r["git_commit"] for r in recs if r.get("git_commit")}),
+      any_dirty=any(bool(r.get("git_dirty")) for r in recs),
+  )
+
+
+def _root_records(root: str) -> list[dict]:
+  """The ledger lines of ``root`` and of its sub-sweeps one level down,
+  each with ``sweep``: "." or the sub-folder's name."""
   recs = []
   subs = (
       [d for d in paths.listdir(root) if paths.isdir(paths.join(root, d))]
@@ -121,14 +146,7 @@ def ledger(root: str) -> dict:
           for x in paths.read_text(path).splitlines()
           if x.strip()
       ]
-  recs.sort(key=lambda r: r["started_utc"])
-  return dict(
-      invocations=recs,
-      wall_seconds=float(sum(r["wall_seconds"] for r in recs)),
-      runs=int(sum(r["ran"] for r in recs)),
-      commits=sorted({r["git_commit"] for r in recs if r.get("git_commit")}),
-      any_dirty=any(bool(r.get("git_dirty")) for r in recs),
-  )
+  return recs
 
 
 ISA_PREFIXES = ("avx", "fma", "f16c", "amx", "sse4", "bmi", "vaes", "vpclmul", "gfni")
@@ -415,7 +433,7 @@ class Results:
       config: Any = None,
       command: Sequence[str] | str | None = None,
       wall_seconds: float | None = None,
-      runs_root: str | None = None,
+      runs_root: str | Sequence[str] | None = None,
       **extra,
   ) -> str:
     """Write ``manifest.json``: the keys of ``MANIFEST_KEYS`` (provenance,
@@ -423,7 +441,8 @@ class Results:
 
     ``command`` defaults to this process's command line (``command_line``);
     ``wall_seconds`` to the time since this ``Results`` was created. With
-    ``runs_root`` (the study's sweep root) the manifest also holds ``ledger``:
+    ``runs_root`` (the study's sweep root; or a list of roots, its own
+    first, then those it read runs from) the manifest also holds ``ledger``:
     that root's ``ledger`` -- every invocation that ran runs, their summed
     wall time and commits -- so a manifest rewritten by an invocation that
     only read the runs back still says what they cost and what made them."""
@@ -446,7 +465,8 @@ class Results:
         **extra,
     )
     if runs_root is not None:
-      doc["ledger"] = ledger(runs_root)
+      roots = [runs_root] if isinstance(runs_root, str) else list(runs_root)
+      doc["ledger"] = ledger(*roots)
     path = paths.join(self.dir, MANIFEST)
     paths.write_atomic(path, json.dumps(doc, indent=1, default=str))
     return path

@@ -493,7 +493,7 @@ def main(argv=None):
         out.path("_curves.png"),
     )
   out.manifest(
-      runs_root=args.root,
+      runs_root=[args.root, args.on_root],
       config=c,
       wall_seconds=time.time() - t0,
       targets=list(tgt),

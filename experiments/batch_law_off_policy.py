@@ -165,7 +165,7 @@ def main(argv=None):
           prefix=f"_{name}",
       )
   out.manifest(
-      runs_root=args.root,
+      runs_root=[args.root, args.on_root],
       config={k: v.to_dict() for k, v in configs.items()},
       wall_seconds=time.time() - t0,
       targets=list(tgt),

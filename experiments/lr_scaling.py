@@ -181,7 +181,7 @@ def main(argv=None):
     )
     plots.save(fig, out.path(f"_{rule}.png"))
   out.manifest(
-      runs_root=args.root,
+      runs_root=[args.root, args.on_root],
       config={k: v.to_dict() for k, v in configs.items()},
       wall_seconds=time.time() - t0,
       targets=list(tgt),

@@ -180,7 +180,12 @@ def main(argv=None):
         ),
         out.path("_noise.png"),
     )
-  out.manifest(runs_root=args.root, config=c, wall_seconds=time.time() - t0, targets=list(tgt))
+  out.manifest(
+      runs_root=[args.root, args.on_root],
+      config=c,
+      wall_seconds=time.time() - t0,
+      targets=list(tgt),
+  )
 
 
 if __name__ == "__main__":

@@ -391,6 +391,26 @@ def test_ledger_sums_a_root_and_its_sub_sweeps(tmp_path):
   assert report.ledger(str(tmp_path / "absent"))["invocations"] == []
 
 
+def test_ledger_takes_in_the_roots_a_study_read_runs_from(tmp_path):
+  own, on = str(tmp_path / "shape"), str(tmp_path / "on")
+  rec = lambda t, s, c: dict(started_utc=t, wall_seconds=s, ran=1, git_commit=c, git_dirty=False)
+  os.makedirs(os.path.join(on, "lr_x2"))
+  os.makedirs(own)
+  report.record_invocation(own, rec("2026-01-03", 10.0, "c2"))
+  report.record_invocation(on, rec("2026-01-01", 100.0, "c1"))
+  report.record_invocation(os.path.join(on, "lr_x2"), rec("2026-01-02", 1.0, "c1"))
+  led = report.ledger(own, on, own)  # its own root named twice counts once
+  assert [(r["sweep"], r["wall_seconds"]) for r in led["invocations"]] == [
+      (on, 100.0),
+      (os.path.join(on, "lr_x2"), 1.0),
+      (".", 10.0),
+  ]
+  assert led["wall_seconds"] == 111.0 and led["runs"] == 3 and led["commits"] == ["c1", "c2"]
+  out = report.Results("study", str(tmp_path / "results"))
+  doc = json.loads(open(out.manifest(runs_root=[own, on], wall_seconds=1.0)).read())
+  assert doc["ledger"] == led and doc["ledger"] == report.ledger(own, on)
+
+
 def test_stable_rounds_floats_to_ten_digits_and_leaves_the_rest():
   a, b = 0.8386675062352639, 0.8386675062352589  # one fit on two processors
   assert report.stable(a) == report.stable(b) == 0.8386675062
