@@ -105,6 +105,18 @@ def listdir(path: str) -> list[str]:
   return os.listdir(path)
 
 
+def glob(path: str, pattern: str) -> list[str]:
+  """The paths under directory (or prefix) ``path`` that match ``pattern``
+  (``fnmatch`` rules per path component, e.g. ``"*/invocations.jsonl"``),
+  sorted. One listing on an object store (``epath``'s glob), not one request
+  per entry."""
+  if is_remote(path):
+    return sorted(os.fspath(p) for p in epath.Path(path).glob(pattern))
+  import glob as glob_lib  # noqa: PLC0415
+
+  return sorted(glob_lib.glob(os.path.join(glob_lib.escape(path), pattern)))
+
+
 def makedirs(path: str) -> None:
   """Create directory ``path`` and its parents (no-op if present, or a URI)."""
   if not is_remote(path):

@@ -25,6 +25,7 @@ import json
 import math
 import os
 import platform
+import posixpath
 import shlex
 import subprocess
 import sys
@@ -131,21 +132,20 @@ def ledger(root: str, *read_roots: str) -> dict:
 
 def _root_records(root: str) -> list[dict]:
   """The ledger lines of ``root`` and of its sub-sweeps one level down,
-  each with ``sweep``: "." or the sub-folder's name."""
+  each with ``sweep``: "." or the sub-folder's name. The sub-sweeps are
+  found by one glob for their ledgers, not a check of every run folder
+  (a sweep root on an object store can hold hundreds)."""
+  own = paths.join(root, LEDGER)
+  found = [(".", own)] if paths.exists(own) else []
+  found += [
+      (posixpath.basename(posixpath.dirname(p.replace(os.sep, "/"))), p)
+      for p in paths.glob(root, f"*/{LEDGER}")
+  ]
   recs = []
-  subs = (
-      [d for d in paths.listdir(root) if paths.isdir(paths.join(root, d))]
-      if paths.isdir(root)
-      else []
-  )
-  for sub in ["", *sorted(subs)]:  # a study's sub-sweeps (root/<arm>/) count too
-    path = paths.join(root, sub, LEDGER) if sub else paths.join(root, LEDGER)
-    if paths.exists(path):
-      recs += [
-          dict(json.loads(x), sweep=sub or ".")
-          for x in paths.read_text(path).splitlines()
-          if x.strip()
-      ]
+  for sub, path in found:
+    recs += [
+        dict(json.loads(x), sweep=sub) for x in paths.read_text(path).splitlines() if x.strip()
+    ]
   return recs
 
 

@@ -226,6 +226,14 @@ def test_report_and_sweep_files_on_a_bucket(fake_gcs):
       base, over, "gs://bucket/sweep", progress=False, run_fn=lambda c, w: calls.append(w)
   )
   assert calls == [] and canon(again) == canon(rows)
+  # the ledger on a bucket: the sweep's own invocation (the second, which ran
+  # nothing, adds none) and a sub-sweep's, found by one glob
+  sweep.run_sweep(base, over[:1], "gs://bucket/sweep/arm", run_fn=run_fn, progress=False)
+  led = report.ledger("gs://bucket/sweep")
+  assert [(r["sweep"], r["ran"]) for r in led["invocations"]] == [(".", 2), ("arm", 1)]
+  assert paths.glob("gs://bucket/sweep", "*/invocations.jsonl") == [
+      "gs://bucket/sweep/arm/invocations.jsonl"
+  ]
 
 
 # ----------------------------------------------------------------- a real run
