@@ -28,7 +28,10 @@ rollouts' tokens as one group (K T rows), and the batch gradient is the plain
 weight-gradient contraction over all rows (returned by ``moments_and_grad``).
 For every group and parameter the cheaper of the two exact forms is used:
 the Gram sum, or forming the group's gradient (when din x dout <= rows x
-(din + dout), e.g. small matrices or short sequences).
+(din + dout), e.g. small matrices or short sequences). Where a level's
+group gradients are formed, the coarser levels' are their sums (per
+rollout -> per prompt -> batch), so no second contraction over the tokens
+is spent on them.
 
 Scope: the cbs_jax decoder (``model.Transformer``, every option); the
 losses of ``objective.policy_losses`` (every policy loss, aggregation mode,
@@ -172,8 +175,12 @@ def _gram_a(u, v, G):
   return jnp.einsum("gti,gsi->gts", _rows(au, G), _rows(av, G))
 
 
-def _group_sqnorms(uses, G: int, shape, form: str = "auto") -> Array:
-  """|gradient of the leaf summed over each group's rows|^2, [G]."""
+def _materializes(uses, G: int, shape, form: str) -> bool:
+  """Whether a leaf's squared norms over G groups are taken from the groups'
+  gradients formed explicitly (``_group_grads``) rather than Gram sums:
+  always for norm scales and biases, never under form "gram" otherwise,
+  always under "materialize", and under "auto" when forming them is no more
+  work (din x dout <= rows x (din + dout))."""
   size = 1
   for n in shape:
     size *= int(n)
@@ -185,9 +192,14 @@ def _group_sqnorms(uses, G: int, shape, form: str = "auto") -> Array:
       for k, a, b in uses
       if k in ("dense", "ids")
   )
-  if kinds & {"diag", "bias"} or form == "materialize" or (form == "auto" and size <= L * width):
-    g = _group_grads(uses, G, shape).reshape(G, -1)
-    return jnp.sum(g * g, axis=-1)
+  return bool(
+      kinds & {"diag", "bias"} or form == "materialize" or (form == "auto" and size <= L * width)
+  )
+
+
+def _gram_sqnorms(uses, G: int) -> Array:
+  """|gradient of the leaf summed over each group's rows|^2, [G], by Gram
+  sums (every use factors: dense or ids)."""
   out = 0.0
   for i, u in enumerate(uses):
     for j, v in enumerate(uses):
@@ -197,6 +209,33 @@ def _group_sqnorms(uses, G: int, shape, form: str = "auto") -> Array:
       term = jnp.sum(_gram_a(u, v, G) * gb, axis=(1, 2))
       out = out + (term if i == j else 2.0 * term)
   return out
+
+
+def _sqnorms(g) -> Array:
+  """Squared norm of each g[i], [G]."""
+  flat = g.reshape(g.shape[0], -1)
+  return jnp.sum(flat * flat, axis=-1)
+
+
+def _leaf_moments(uses, P: int, K: int, shape, form: str):
+  """One leaf's (|grad L_i|^2 [N], |sum of prompt p's rollout grads|^2 [P],
+  grad L). Finest level first: once a level's group gradients are formed,
+  the coarser levels' gradients are their sums (a reshape and a sum, not
+  another contraction over the tokens), so the batch gradient costs a
+  weight-gradient contraction only where no level was formed."""
+  N = P * K
+  formed = None  # the per-prompt gradients [P, *shape], once formed
+  if _materializes(uses, N, shape, form):
+    g_n = _group_grads(uses, N, shape)
+    per_rollout = _sqnorms(g_n)
+    formed = jnp.sum(g_n.reshape((P, K) + tuple(shape)), axis=1)
+  else:
+    per_rollout = _gram_sqnorms(uses, N)
+  if formed is None and _materializes(uses, P, shape, form):
+    formed = _group_grads(uses, P, shape)
+  if formed is None:
+    return per_rollout, _gram_sqnorms(uses, P), _group_grads(uses, 1, shape)[0]
+  return per_rollout, _sqnorms(formed), jnp.sum(formed, axis=0)
 
 
 FORMS = ("auto", "gram", "materialize")
@@ -234,11 +273,10 @@ def moments_and_grad(
   sq, msq, bsq, grads = [], [], [], []
   for path, leaf in zip(_param_paths(params), leaves):
     uses = _uses(path, tokens, dy, xs)
-    per_rollout = _group_sqnorms(uses, N, leaf.shape, form)  # |grad L_i|^2
-    sq.append((N * N) * per_rollout.reshape(P, K).sum(-1))
-    msq.append(((N / K) ** 2) * _group_sqnorms(uses, P, leaf.shape, form))
-    g = _group_grads(uses, 1, leaf.shape)[0]  # grad L
-    bsq.append(jnp.sum(g * g))
+    per_rollout, per_prompt, g = _leaf_moments(uses, P, K, leaf.shape, form)
+    sq.append((N * N) * per_rollout.reshape(P, K).sum(-1))  # from |grad L_i|^2
+    msq.append(((N / K) ** 2) * per_prompt)
+    bsq.append(jnp.sum(g * g))  # g = grad L
     grads.append(g.astype(leaf.dtype))
   moments = noise.GroupMoments(
       sum_sqnorm_P=jnp.stack(sq),
