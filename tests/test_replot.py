@@ -17,6 +17,7 @@ RESULTS = os.path.join(ROOT, "experiments", "results")
 STUDIES = [
     ("drift_noise", [], "drift_noise", []),
     ("drift_noise", ["--design=regime"], "drift_noise_regime", []),
+    ("clipping_ablation", [], "clipping_ablation", []),
     (
         "clipping_ablation",
         ["--epochs=4", "--variants=clip0.2,clip10,dualclip"],
