@@ -203,7 +203,7 @@ def main():
       default="",
       help="SFT base workdir (e.g. runs/default/sft_base); empty: fresh init",
   )
-  ap.add_argument("--repeats", type=int, default=7, help="timed calls per path (median)")
+  ap.add_argument("--repeats", type=int, default=15, help="timed calls per path (median)")
   ap.add_argument(
       "--loop_repeats",
       type=int,
