@@ -19,7 +19,8 @@ each shape is drawn with ``train.round_batch``.
   call (gather inside, ``lax.scan`` over updates, learning rates as an array).
 
 Both are warmed up (compile excluded) and timed round-robin with a float32
-2048^2 matmul (``probes.MatmulProbe``), medians of ``--repeats``. MFU:
+2048^2 matmul (``probes.MatmulProbe``), each timed call right after an
+untimed call of the same path, medians of ``--repeats``. MFU:
 training FLOPs of every update (``systems.train_flops``: 3 x a causal
 forward over prompt + completion tokens, = 6 x active params x tokens plus
 attention; the split path's extra work is not counted) over the scanned
@@ -106,6 +107,9 @@ def bench(case, repeats: int, mm) -> dict:
   for _ in range(repeats):
     ts["matmul"].append(mm.probe())
     for k in st:
+      # timed right after an untimed call of the same path: the steady state
+      # of a run, where a round follows a round (floors.Probes.once)
+      st[k] = jax.block_until_ready(case[k](st[k]))
       t = time.perf_counter()
       st[k] = case[k](st[k])
       ts[k].append(time.perf_counter() - t)
