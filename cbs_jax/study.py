@@ -74,15 +74,15 @@ def run_curve(workdir: str) -> dict:
 
 
 def to_target(curve: dict, targets: Sequence[float]) -> dict:
-  """``{target: dict(rounds, steps, rollouts)}`` to reach each target
-  (interpolated; None when never reached)."""
-  out = {}
-  for t in targets:
-    out[float(t)] = {
-        k: batch_law.steps_to_target(curve[k], curve["value"], t)
-        for k in ("rounds", "steps", "rollouts")
-    }
-  return out
+  """``{target: {x: ...}}``: each of the curve's x arrays (every key but
+  ``value``: rounds, steps, rollouts, or whatever else it holds, e.g.
+  modelled seconds) at the first crossing of each target (interpolated;
+  None when never reached)."""
+  xs = [k for k in curve if k != "value"]
+  return {
+      float(t): {k: batch_law.steps_to_target(curve[k], curve["value"], t) for k in xs}
+      for t in targets
+  }
 
 
 def time_to_target(workdir: str, target: float) -> dict | None:

@@ -3,6 +3,10 @@
 Everything here formats what ``cbs_jax.study`` computed from a sweep's
 records (``study.collect``, ``study.per_batch_rows``, ``study.fit_targets``):
 
+* ``save_records`` / ``load_records``: a study's per-run records (shape,
+  seed, learning rate, a few summary fields and the learning curve) as one
+  compact CSV, and back -- what ``--replot`` rebuilds tables and figures
+  from.
 * ``write_runs_csv``: one CSV line per run with rounds / steps / rollouts
   to each target.
 * ``summary_table`` / ``fit_lines``: markdown rows of S and E per N (mean
@@ -14,11 +18,74 @@ records (``study.collect``, ``study.per_batch_rows``, ``study.fit_targets``):
 from __future__ import annotations
 
 import csv
+import io
 
+import numpy as np
+
+from cbs_jax import paths
 from cbs_jax import plots
 from cbs_jax import report
 from cbs_jax import stats
 from cbs_jax import study
+
+RECORD_KEYS = ("name", "N", "P", "K", "seed", "updates_per_round", "lr")
+SUMMARY_KEYS = ("rounds", "rollouts_seen", "stopped_at_target", "stopped_collapsed")
+RECORDS = "_curves.csv"
+
+
+def save_records(
+    out, groups: dict, suffix: str = RECORDS, keys=RECORD_KEYS, series: str = "curve"
+) -> str:
+  """Write ``{group: [record]}`` (``study.collect``'s records) as
+  ``<name><suffix>``: one line per entry of each record's ``series`` (a
+  dict of equal-length arrays; the curve: rounds, optimizer steps,
+  rollouts and held-out pass at each evaluation), each line carrying the
+  group, the record's ``keys`` and ``SUMMARY_KEYS`` of its summary (as
+  ``summary.<key>``). Floats at ``report.stable``'s digits."""
+  rows = []
+  for group, recs in groups.items():
+    for r in recs:
+      meta = {"group": group, **{k: r.get(k) for k in keys}}
+      summ = r.get("summary") or {}
+      meta |= {f"summary.{k}": summ.get(k) for k in SUMMARY_KEYS}
+      arrays = r[series]
+      n = len(next(iter(arrays.values())))
+      if not n:
+        raise ValueError(f"run {r.get('name')} of {group!r} has no {series} entry to commit")
+      rows += [meta | {k: float(v[i]) for k, v in arrays.items()} for i in range(n)]
+  return out.rows(rows, suffix)
+
+
+def load_records(
+    out, targets=None, suffix: str = RECORDS, keys=RECORD_KEYS, series: str = "curve"
+) -> dict:
+  """``save_records``' file back as ``{group: [record]}`` in the order
+  written: ``keys``, ``summary`` and ``series`` (arrays), and, given
+  ``targets``, ``to_target`` of the curve (``study.to_target``) -- each
+  record as ``study.collect`` makes it."""
+  path = out.path(suffix)
+  if not paths.exists(path):
+    raise FileNotFoundError(f"{path}: no committed records to replot (run the study first)")
+  fixed = {"group", *keys, *(f"summary.{k}" for k in SUMMARY_KEYS)}
+  groups: dict = {}
+  for row in report.read_rows(path):
+    recs = groups.setdefault(row["group"], [])
+    if not recs or recs[-1]["name"] != row["name"]:
+      rec = {k: row[k] for k in keys}
+      rec["summary"] = {
+          k: {"True": True, "False": False}.get(row[f"summary.{k}"], row[f"summary.{k}"])
+          for k in SUMMARY_KEYS
+      }
+      rec[series] = {k: [] for k in row if k not in fixed}
+      recs.append(rec)
+    for k, v in recs[-1][series].items():
+      v.append(float(row[k]))
+  for recs in groups.values():
+    for r in recs:
+      r[series] = {k: np.asarray(v, np.float64) for k, v in r[series].items()}
+      if targets is not None:
+        r["to_target"] = study.to_target(r[series], targets)
+  return groups
 
 
 def write_runs_csv(path: str, records, targets) -> None:
@@ -27,15 +94,16 @@ def write_runs_csv(path: str, records, targets) -> None:
   cols = ["name", "N", "P", "K", "seed", "updates_per_round", "lr"] + [
       f"{x}@{float(t)}" for t in targets for x in ("rounds", "steps", "rollouts")
   ]
-  with open(path, "w", newline="") as f:
-    w = csv.DictWriter(f, fieldnames=cols)
-    w.writeheader()
-    for r in records:
-      row = {k: r.get(k) for k in cols[:7]}
-      for t in targets:
-        for x in ("rounds", "steps", "rollouts"):
-          row[f"{x}@{float(t)}"] = r["to_target"][float(t)][x]
-      w.writerow(row)
+  buf = io.StringIO(newline="")
+  w = csv.DictWriter(buf, fieldnames=cols)
+  w.writeheader()
+  for r in records:
+    row = {k: r.get(k) for k in cols[:7]}
+    for t in targets:
+      for x in ("rounds", "steps", "rollouts"):
+        row[f"{x}@{float(t)}"] = r["to_target"][float(t)][x]
+    w.writerow(report.stable(row))
+  paths.write_atomic(path, buf.getvalue())
 
 
 def summary_table(

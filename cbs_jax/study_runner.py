@@ -1,11 +1,15 @@
 """Running batch-size studies, and the study scripts' shared command line.
 
 * ``parser`` / ``parse``: the study scripts' command line (--root,
-  --on_root, --out, --workers, --quick) and where --quick puts things. The
+  --on_root, --out, --workers, --quick, --replot) and where --quick puts
+  things. The
   on-policy study's sweep root, which the other studies read back, is the
   default of --on_root here and nowhere else in the library: a script
   passes ``args.on_root`` to whatever reads it.
 * ``run_on_grid``: one run that evaluates only on a grid of rollouts.
+* ``records``: a study's per-run records, made from its runs and committed
+  (``study_report.save_records``), or with --replot read from the
+  committed file alone; either way the analysis reads the committed file.
 * ``run_study`` / ``run_variants``: run (or resume, or read back) a sweep
   (``cbs_jax.sweep``) after building its shared SFT base once
   (``prepare_base``); ``read_finished``: the rows of a sweep another study
@@ -24,6 +28,7 @@ import tempfile
 
 from cbs_jax import run_setup
 from cbs_jax import study
+from cbs_jax import study_report
 from cbs_jax import sweep
 from cbs_jax import train
 
@@ -38,13 +43,15 @@ def parser(
     workers: bool = True,
     root: str | None = None,
     quick_root: str | None = None,
+    replot: bool = False,
 ) -> argparse.ArgumentParser:
   """The shared command line of a study script ``name``: --root (default
   ``runs/<name>``), --on_root when the study reads the on-policy sweep back
   (``on_root_help``; default runs/batch_law_on, where
   ``experiments/batch_law_on_policy.py`` puts it), --out, --workers (runs at
-  once, each single-threaded on its own core) and --quick; add the study's
-  own flags, then ``parse``."""
+  once, each single-threaded on its own core), --quick, and --replot where
+  the study can rebuild its tables and figures from its committed files
+  (``replot``); add the study's own flags, then ``parse``."""
   ap = argparse.ArgumentParser(
       description=doc, formatter_class=argparse.RawDescriptionHelpFormatter
   )
@@ -73,7 +80,14 @@ def parser(
         "since its runs are too short to repay a worker process's start)",
     )
   ap.add_argument("--quick", action="store_true", help="tiny smoke version (minutes)")
-  ap.set_defaults(_quick_root=quick_root)
+  if replot:
+    ap.add_argument(
+        "--replot",
+        action="store_true",
+        help="tables and figures from the committed files under --out alone: nothing "
+        "is run or read from --root, and the manifest stays the sweep's",
+    )
+  ap.set_defaults(_quick_root=quick_root, replot=False)
   return ap
 
 
@@ -96,6 +110,17 @@ def parse(ap: argparse.ArgumentParser, argv=None) -> argparse.Namespace:
     if args.workers < 1:
       ap.error(f"--workers={args.workers} must be >= 1")
   return args
+
+
+def records(args, out, targets, make, suffix: str = study_report.RECORDS) -> dict:
+  """``{group: [record]}`` of a study (``study.collect``'s records, grouped
+  by arm): ``make()`` runs or reads back the sweeps and its records are
+  committed under ``out`` (``study_report.save_records``); with
+  ``args.replot`` nothing is made. Either way they are read back from that
+  file, so a study and its --replot analyse the same bytes."""
+  if not args.replot:
+    study_report.save_records(out, make(), suffix)
+  return study_report.load_records(out, targets, suffix)
 
 
 def prepare_base(config, root: str) -> None:

@@ -56,7 +56,6 @@ import functools
 import json
 import math
 import os
-import sys
 import time
 
 import numpy as np
@@ -64,18 +63,20 @@ from absl import logging
 
 from cbs_jax import batch_law as batch_law_lib
 from cbs_jax import metrics as metrics_lib
+from cbs_jax import paths
 from cbs_jax import plots
 from cbs_jax import report
 from cbs_jax import stats
 from cbs_jax import study
+from cbs_jax import study_report
 from cbs_jax import study_runner
 from cbs_jax import sweep
-from cbs_jax import train
 from configs import adaptive_batch
 from configs import batch_law
 
 NAME = "adaptive_batch"
 NEAR = 1.10  # the goal: within 10% of the best fixed N
+TRAJ = "_traj.csv"  # the adaptive runs' N and signal per round
 LEVEL = 0.9
 
 
@@ -85,6 +86,7 @@ def parse_args(argv=None):
       NAME,
       "sweep root of the adaptive runs",
       on_root_help="the on-policy study's sweep root: its finished runs are " "the fixed arms",
+      replot=True,
   )
   ap.add_argument(
       "--throughput",
@@ -160,50 +162,39 @@ class Rate:
 # ------------------------------------------------------------------ runs
 
 
-def run_record(row: dict, arm: str, targets, rate: Rate | None) -> dict:
-  """One run: its evaluations against rounds, rollouts and modelled seconds,
-  to-target at each target, and the per-round N and adaptive signal."""
-  rows = metrics_lib.read_jsonl(os.path.join(row["workdir"], "metrics.jsonl"))
-  curve = dict(rounds=[], rollouts=[], seconds=[], value=[])
+def trajectory(workdir: str) -> dict:
+  """Per round of the run in ``workdir``: its N and the controller's signal
+  with its interval (nan where not logged, inf where unbounded)."""
   traj = dict(rounds=[], N=[], signal=[], lo=[], hi=[])
-  sec = 0.0
-  for r in rows:
-    if "batch_size" in r:
-      if rate is not None:
-        sec += r["batch_size"] / rate(r["batch_size"])
-      traj["rounds"].append(r["round"])
-      traj["N"].append(r["batch_size"])
-      for k, f in (
-          ("signal", "adaptive/signal"),
-          ("lo", "adaptive/signal_lo"),
-          ("hi", "adaptive/signal_hi"),
-      ):
-        v = r.get(f)
-        traj[k].append(math.nan if v is None else (math.inf if v == "inf" else float(v)))
-    v = study.score_of(r)
-    if v is None:
+  for r in metrics_lib.read_jsonl(os.path.join(workdir, "metrics.jsonl")):
+    if "batch_size" not in r:
       continue
-    curve["rounds"].append(r["round"])
-    curve["rollouts"].append(r.get("rollouts_seen", 0) or 0)
-    curve["seconds"].append(sec)
-    curve["value"].append(v)
-  curve = {k: np.asarray(v, np.float64) for k, v in curve.items()}
-  xs = ("rounds", "rollouts") + (("seconds",) if rate is not None else ())
-  to = {
-      float(t): {x: batch_law_lib.steps_to_target(curve[x], curve["value"], t) for x in xs}
-      for t in targets
-  }
-  o = row["overrides"]
-  return dict(
-      arm=arm,
-      name=row["name"],
-      seed=o.get("seed", 0),
-      curve=curve,
-      traj=traj,
-      to_target=to,
-      N_visited=sorted(set(traj["N"])),
-      summary=row.get("summary", {}),
-  )
+    traj["rounds"].append(r["round"])
+    traj["N"].append(r["batch_size"])
+    for k in ("signal", "lo", "hi"):
+      v = r.get("adaptive/" + ("signal" if k == "signal" else f"signal_{k}"))
+      traj[k].append(math.nan if v is None else (math.inf if v == "inf" else float(v)))
+  return traj
+
+
+def finish(rec: dict, arm: str, targets, rate: Rate | None) -> dict:
+  """A committed record (``study_report.load_records``) as an arm's run:
+  the N it visited, modelled seconds at each evaluation (each round N /
+  rate(N), summed; a fixed run's rounds all at its N) and to-target at each
+  target (rounds, rollouts, and seconds with a rate)."""
+  curve = {k: rec["curve"][k] for k in ("rounds", "rollouts", "value")}
+  traj = rec.get("traj")
+  if traj is None:  # a fixed-N run
+    rec["N_visited"] = [int(rec["N"])]
+    if rate is not None:
+      curve["seconds"] = curve["rounds"] * (rec["N"] / rate(rec["N"]))
+  else:
+    rec["N_visited"] = sorted({int(n) for n in traj["N"]})
+    if rate is not None:
+      cost = np.cumsum([n / rate(n) for n in traj["N"]])
+      i = np.searchsorted(traj["rounds"], curve["rounds"], side="right")
+      curve["seconds"] = np.where(i > 0, cost[np.maximum(i - 1, 0)], 0.0)
+  return dict(rec, arm=arm, curve=curve, to_target=study.to_target(curve, targets))
 
 
 def verdict(ratio, lo, hi, threshold, better: str) -> str:
@@ -268,15 +259,14 @@ def b_crit_ratio(args, main_t):
   )
 
 
-def fixed_rows(args, tgt):
-  """The on-policy study's finished runs (quick: run its quick sweep)."""
+def fixed_sweep(args):
+  """The on-policy study's config and the overrides of its runs that are
+  the fixed arms (quick: its quick sweep, run here if missing)."""
   if args.quick:
     c = batch_law.get_config("quick")
     over = [dict(o, seed=s) for o in batch_law.sweep("quick") if o["seed"] == 0 for s in args.seeds]
-    return c, study_runner.run_study(c, over, args.on_root, workers=args.workers)
-  c = batch_law.get_config("on")
-  over = [o for o in batch_law.sweep("on") if o["seed"] in args.seeds]
-  return c, study_runner.read_finished(over, args.on_root)
+    return c, over
+  return batch_law.get_config("on"), [o for o in batch_law.sweep("on") if o["seed"] in args.seeds]
 
 
 def main(argv=None):
@@ -290,11 +280,51 @@ def main(argv=None):
 
   # fixed arms first: a full run stops here, before running anything, if the
   # on-policy study has not finished
-  c_on, on_rows = fixed_rows(args, tgt)
+  out = report.Results(NAME, root=args.out)
+  c_on, on_over = fixed_sweep(args)
   K = c_on.batch.rollouts_per_prompt
-  fixed = [run_record(r, "", tgt, rate) for r in on_rows]
-  for r in fixed:
-    r["N"] = r["N_visited"][0]
+  if args.replot:  # the controller's calibration as the runs used it
+    man = json.loads(paths.read_text(paths.join(out.dir, "manifest.json")))
+    ratio, ratio_note, cal = man["b_crit_ratio"], man["b_crit_note"], man["calibration"]
+  else:
+    ratio, ratio_note, cal = b_crit_ratio(args, main_t)
+  arg = "quick" if args.quick else adaptive_batch.SIGNALS[0]
+  c = adaptive_batch.get_config(arg)
+  with c.unlocked():
+    c.sft.base_dir = os.path.abspath(os.path.join(args.on_root, "sft_base"))
+    c.batch.adaptive_b_crit_ratio = float(ratio)
+  over = [{"batch.adaptive_signal": s, "seed": sd} for s in args.signals for sd in args.seeds]
+  grid = adaptive_batch.eval_grid(arg)
+
+  def make():
+    if args.quick:
+      on_rows = study_runner.run_study(c_on, on_over, args.on_root, workers=args.workers)
+    else:
+      on_rows = study_runner.read_finished(on_over, args.on_root)
+    groups = {"fixed": study.collect(on_rows, tgt, c_on)}
+    study_runner.prepare_base(c, args.root)
+    ad_rows = sweep.run_sweep(
+        c,
+        over,
+        args.root,
+        workers=args.workers,
+        run_fn=functools.partial(study_runner.run_on_grid, grid=grid),
+    )
+    for s in args.signals:
+      rows = [r for r in ad_rows if r["overrides"]["batch.adaptive_signal"] == s]
+      groups[f"adaptive {s}"] = study.collect(rows, tgt, c)
+      for rec, row in zip(groups[f"adaptive {s}"], rows):
+        rec["traj"] = trajectory(row["workdir"])
+    adaptive = {g: rs for g, rs in groups.items() if g != "fixed"}
+    study_report.save_records(out, adaptive, TRAJ, keys=("name", "seed"), series="traj")
+    return groups
+
+  groups = study_runner.records(args, out, tgt, make)
+  trajs = study_report.load_records(out, None, TRAJ, keys=("name", "seed"), series="traj")
+  for g, rs in trajs.items():
+    for rec, tr in zip(groups[g], rs):
+      rec["traj"] = tr["traj"]
+  fixed = [finish(r, "", tgt, rate) for r in groups["fixed"]]
   grid_ns = sorted({r["N"] for r in fixed})
   x_main = "seconds" if rate is not None else "rollouts"
 
@@ -328,27 +358,8 @@ def main(argv=None):
   for label, N in choose.items():
     if N is not None:
       arms[f"fixed {label} (N={N})"] = [dict(r, arm=f"fixed {label}") for r in by_n[N]]
-
-  # adaptive arms
-  ratio, ratio_note, cal = b_crit_ratio(args, main_t)
-  arg = "quick" if args.quick else adaptive_batch.SIGNALS[0]
-  c = adaptive_batch.get_config(arg)
-  with c.unlocked():
-    c.sft.base_dir = os.path.abspath(os.path.join(args.on_root, "sft_base"))
-    c.batch.adaptive_b_crit_ratio = float(ratio)
-  over = [{"batch.adaptive_signal": s, "seed": sd} for s in args.signals for sd in args.seeds]
-  grid = adaptive_batch.eval_grid(arg)
-  study_runner.prepare_base(c, args.root)
-  ad_rows = sweep.run_sweep(
-      c,
-      over,
-      args.root,
-      workers=args.workers,
-      run_fn=functools.partial(study_runner.run_on_grid, grid=grid),
-  )
   for s in args.signals:
-    rows = [r for r in ad_rows if r["overrides"]["batch.adaptive_signal"] == s]
-    arms[f"adaptive {s}"] = [run_record(r, f"adaptive {s}", tgt, rate) for r in rows]
+    arms[f"adaptive {s}"] = [finish(r, f"adaptive {s}", tgt, rate) for r in groups[f"adaptive {s}"]]
 
   # ------------------------------------------------------------ the table
   xs = [("rollouts", "rollouts")] + ([("seconds", "wall s")] if rate else [])
@@ -426,9 +437,8 @@ def main(argv=None):
       ),
       f"- Evaluations every {grid} rollouts (adaptive: first round past each multiple; "
       "fixed: the on-policy study's eval_every(N)).",
-      f"- Command: `{' '.join(['python'] + sys.argv)}`.",
+      f"- Command: `{out.command(args.replot)}`.",
   ]
-  out = report.Results(NAME, root=args.out)
   out.table(
       table,
       cols,
@@ -436,12 +446,7 @@ def main(argv=None):
       notes="\n".join(notes),
   )
   if per_run:
-    import csv  # pylint: disable=import-outside-toplevel
-
-    with open(out.path("_runs.csv"), "w", newline="") as f:
-      w = csv.DictWriter(f, fieldnames=list(dict.fromkeys(k for r in per_run for k in r)))
-      w.writeheader()
-      w.writerows(per_run)
+    out.rows(per_run, "_runs.csv")
 
   # ------------------------------------------------------------ figures
   for s in args.signals:
@@ -492,6 +497,8 @@ def main(argv=None):
         ),
         out.path("_curves.png"),
     )
+  if args.replot:  # the manifest stays the sweep's: its commit, command and wall time
+    return
   out.manifest(
       runs_root=[args.root, args.on_root],
       config=c,
@@ -502,6 +509,7 @@ def main(argv=None):
       fixed_arms=choose,
       throughput=args.throughput if rate else None,
       b_crit_ratio=ratio,
+      b_crit_note=ratio_note,
       calibration=cal and {k: v for k, v in cal.items()},
       eval_grid=grid,
   )

@@ -3,6 +3,7 @@ for 4 and for 8 updates, against the on-policy law on the same grid.
 
     python experiments/batch_law_off_policy.py                 # (~1.5 h, 2 workers)
     python experiments/batch_law_off_policy.py --quick         # tiny smoke version
+    python experiments/batch_law_off_policy.py --replot        # tables and figures from the committed files
 
 Runs ``configs/batch_law.py:off4`` and ``:off8`` through ``cbs_jax.sweep``
 (resumable) under ``--root``: the on-policy grid (N = 64 ... 16,384 rollouts
@@ -20,14 +21,15 @@ the two fits, paired at random). The on-policy sweep is read from
 runs are read back, not rerun).
 
 Writes experiments/results/batch_law_off_policy/: table (.md, .csv),
-per-run CSV, S(N) / Pareto / learning-curve figures for m = 4 and 8, fits
-JSON and manifest.json.
+per-run learning curves of every arm, on-policy included (``_curves.csv``),
+to-target per run (``_runs.csv``), S(N) / Pareto / learning-curve figures
+for m = 4 and 8, fits JSON and manifest.json. ``--replot`` rebuilds every
+table and figure from those files alone.
 """
 
 from __future__ import annotations
 
 import os
-import sys
 import time
 
 from absl import logging
@@ -50,6 +52,7 @@ def parse_args(argv=None):
       "sweep root of the off-policy runs",
       on_root_help="sweep root of the on-policy study",
       root="runs/batch_law_off",
+      replot=True,
   )
   ap.add_argument("--reuse", default="4,8", help="updates per round (m) to run")
   return study_runner.parse(ap, argv)
@@ -72,28 +75,35 @@ def main(argv=None):
   arg_on = "quick" if args.quick else "on"
   tgt = batch_law.targets(arg_on)
   c_on = batch_law.get_config(arg_on)
-  if args.quick:  # its own tiny on-policy sweep
-    on_rows = study_runner.run_study(
-        c_on, batch_law.sweep(arg_on), args.on_root, workers=args.workers
-    )
-  else:  # read back, never rerun: experiments/batch_law_on_policy.py runs it
-    on_rows = study_runner.read_finished(batch_law.sweep(arg_on), args.on_root)
-  on = study.collect(on_rows, tgt, c_on)
-  fits = {"on": study.fit_targets(on, tgt)}
-  records = {"on": on}
   configs = {"on": c_on}
+  overrides = {}
   for m in ms:
     name = f"off{m}"
     if args.quick:
       c, over = batch_law.get_config("quick"), quick_overrides(m)
     else:
       c, over = batch_law.get_config(name), batch_law.sweep(name)
-    c = study_runner.on_policy_base(c, args.on_root)
-    rows = study_runner.run_study(c, over, os.path.join(args.root, name), workers=args.workers)
-    records[name] = study.collect(rows, tgt, c)
+    configs[name], overrides[name] = study_runner.on_policy_base(c, args.on_root), over
+
+  def make():
+    if args.quick:  # its own tiny on-policy sweep
+      on_rows = study_runner.run_study(
+          c_on, batch_law.sweep(arg_on), args.on_root, workers=args.workers
+      )
+    else:  # read back, never rerun: experiments/batch_law_on_policy.py runs it
+      on_rows = study_runner.read_finished(batch_law.sweep(arg_on), args.on_root)
+    groups = {"on": study.collect(on_rows, tgt, c_on)}
+    for name, over in overrides.items():
+      c = configs[name]
+      rows = study_runner.run_study(c, over, os.path.join(args.root, name), workers=args.workers)
+      groups[name] = study.collect(rows, tgt, c)
+    return groups
+
+  records = study_runner.records(args, out, tgt, make)
+  fits = {"on": study.fit_targets(records["on"], tgt)}
+  for name in overrides:
     fits[name] = study.fit_targets(records[name], tgt, x="rounds")
     fits[f"{name}_steps"] = study.fit_targets(records[name], tgt, x="steps")
-    configs[name] = c
 
   # ------------------------------------------------------------ tables
   show, cols = [], None
@@ -140,7 +150,7 @@ def main(argv=None):
       "",
       "Published: on-policy ~311 rollouts, off-policy ~5,400-5,900 (~18x).",
       "Intervals: S and E, 90% t-intervals over seeds; fits and the ratio, 90% "
-      f"bootstrap percentile intervals. Command: `{' '.join(['python'] + sys.argv)}`.",
+      f"bootstrap percentile intervals. Command: `{out.command(args.replot)}`.",
   ]
   out.table(
       show,
@@ -164,6 +174,8 @@ def main(argv=None):
           f"off-policy, {name[3:]} updates per round",
           prefix=f"_{name}",
       )
+  if args.replot:  # the manifest stays the sweep's: its commit, command and wall time
+    return
   out.manifest(
       runs_root=[args.root, args.on_root],
       config={k: v.to_dict() for k, v in configs.items()},

@@ -5,6 +5,7 @@ gradient-noise scale at the same K.
     python experiments/batch_law_on_policy.py                  # the study (~1 h, 2 workers)
     python experiments/batch_law_on_policy.py --tune           # the lr scan at N = 256 first
     python experiments/batch_law_on_policy.py --quick          # tiny smoke version (minutes)
+    python experiments/batch_law_on_policy.py --replot         # tables and figures from the committed files
 
 Runs ``configs/batch_law.py:on`` through ``cbs_jax.sweep`` (resumable: an
 interrupted study continues and redoes no finished run) under ``--root``:
@@ -24,27 +25,29 @@ not resolve smaller differences, and the sqrt rule multiplies lr0 by up to
 8x at the largest N); ``configs/batch_law.py``'s LR0 is that value.
 
 Writes experiments/results/batch_law_on_policy/: the table (.md, .csv), the
+per-run learning curves (``_curves.csv``; ``_tune_curves.csv`` with --tune),
+to-target per run (``_runs.csv``), the fits and B_noise (``_fits.json``), the
 S-E Pareto and S(N) figures, learning curves by rollouts and by rounds,
-``tune.md`` (with --tune) and manifest.json.
+``tune.md`` (with --tune) and manifest.json. ``--replot`` rebuilds every
+table and figure from those files alone.
 """
 
 from __future__ import annotations
 
+import json
 import os
-import sys
 import time
 
-import numpy as np
 from absl import logging
 
 from cbs_jax import measure
+from cbs_jax import paths
 from cbs_jax import report
 from cbs_jax import run_setup
 from cbs_jax import stats
 from cbs_jax import study
 from cbs_jax import study_report
 from cbs_jax import study_runner
-from cbs_jax import train
 from configs import batch_law
 
 NAME = "batch_law_on_policy"
@@ -60,6 +63,7 @@ def parse_args(argv=None):
       "sweep root (one workdir per run)",
       root="runs/batch_law_on",
       quick_root="runs_on",
+      replot=True,
   )
   ap.add_argument(
       "--noise_batches",
@@ -90,8 +94,21 @@ def tune(args, out):
       }
       for lr in TUNE_LRS
   ]
-  rows = study_runner.run_study(c, over, os.path.join(args.root, "tune"), workers=args.workers)
-  recs = study.collect(rows, tgt, c)
+  recs = study_runner.records(
+      args,
+      out,
+      tgt,
+      lambda: {
+          "tune": study.collect(
+              study_runner.run_study(
+                  c, over, os.path.join(args.root, "tune"), workers=args.workers
+              ),
+              tgt,
+              c,
+          )
+      },
+      "_tune_curves.csv",
+  )["tune"]
   table = [
       dict(lr=r["lr"], **{f"rollouts@{t}": r["to_target"][float(t)]["rollouts"] for t in tgt})
       for r in recs
@@ -112,8 +129,7 @@ def tune(args, out):
       f"{best and best['lr']}; within {NEAR:.2f}x of it: {sorted(r['lr'] for r in near)}; "
       f"chosen (the smallest of those): lr0 = {chosen}\n"
   )
-  with open(os.path.join(out.dir, "tune.md"), "w") as f:
-    f.write(md)
+  paths.write_atomic(os.path.join(out.dir, "tune.md"), md)
   print(md)
   return chosen
 
@@ -153,13 +169,25 @@ def main(argv=None):
   arg = "quick" if args.quick else "on"
   c = batch_law.get_config(arg)
   tgt = batch_law.targets(arg)
-  rows = study_runner.run_study(c, batch_law.sweep(arg), args.root, workers=args.workers)
-  recs = study.collect(rows, tgt, c)
+  recs = study_runner.records(
+      args,
+      out,
+      tgt,
+      lambda: {
+          "on": study.collect(
+              study_runner.run_study(c, batch_law.sweep(arg), args.root, workers=args.workers),
+              tgt,
+              c,
+          )
+      },
+  )["on"]
   fits = study.fit_targets(recs, tgt, x="rounds")
   table = study.per_batch_rows(recs, tgt)
 
   noise_rows = []
-  if args.noise_batches:
+  if args.replot:  # the committed measurements
+    noise_rows = json.loads(paths.read_text(out.path("_fits.json"))).get("noise", [])
+  elif args.noise_batches:
     setup = run_setup.prepare(c)
     ref = min(recs, key=lambda r: (abs(r["N"] - 256), r["seed"]))
     P = 4 if args.quick else 64
@@ -180,6 +208,8 @@ def main(argv=None):
             f"end of N={ref['N']} seed {ref['seed']}",
         )
     )
+
+    noise_rows = report.stable(noise_rows)  # as _fits.json commits them
 
   # ------------------------------------------------------------ the table
   show, cols = study_report.summary_table(table, tgt)
@@ -209,7 +239,7 @@ def main(argv=None):
     ]
   notes += [
       "Intervals: S and E, 90% t-intervals over seeds; fits, 90% residual-bootstrap "
-      f"percentile intervals. Command: `{' '.join(['python'] + sys.argv)}`."
+      f"percentile intervals. Command: `{out.command(args.replot)}`."
   ]
   out.table(
       show,
@@ -219,13 +249,11 @@ def main(argv=None):
   )
   study_report.write_runs_csv(out.path("_runs.csv"), recs, tgt)
   study_report.save_fits(out.path("_fits.json"), {"on": fits}, noise=noise_rows)
-  np.savez(
-      out.path("_boot.npz"),
-      **{str(t): fit["boot_B_crit"] for t, fit in fits.items() if "boot_B_crit" in fit},
-  )
   main_t = float(tgt[len(tgt) // 2])
   bn = [r["b_noise"] for r in noise_rows if r["b_noise"] == r["b_noise"]] or None
   study_report.law_figures(out, recs, fits[main_t], main_t, "on-policy", b_noise=bn)
+  if args.replot:  # the manifest stays the sweep's: its commit, command and wall time
+    return
   out.manifest(
       runs_root=args.root,
       config=c,

@@ -50,7 +50,7 @@ NAME = "clipping_ablation"
 
 
 def parse_args(argv=None):
-  ap = study_runner.parser(__doc__, NAME, "sweep root, one run per variant and seed")
+  ap = study_runner.parser(__doc__, NAME, "sweep root, one run per variant and seed", replot=True)
   ap.add_argument(
       "--variants",
       default=",".join(drift_noise.CLIP_VARIANTS),
@@ -63,9 +63,6 @@ def parse_args(argv=None):
       help="epochs over each round (1: the 8-update design; >1: <scheme>@e<E>, to a plateau)",
   )
   ap.add_argument("--seeds", type=int, default=None, help="seeds per scheme (3; 5 with --epochs)")
-  ap.add_argument(
-      "--replot", action="store_true", help="tables and figures from the committed records only"
-  )
   args = study_runner.parse(ap, argv)
   if args.epochs < 1:
     ap.error(f"--epochs={args.epochs}: need >= 1")

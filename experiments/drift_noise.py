@@ -65,7 +65,7 @@ PUBLISHED_KAPPA = 0.08
 
 
 def parse_args(argv=None):
-  ap = study_runner.parser(__doc__, NAME, "sweep root, one run <root>/<variant> each")
+  ap = study_runner.parser(__doc__, NAME, "sweep root, one run <root>/<variant> each", replot=True)
   ap.add_argument(
       "--design",
       choices=("reuse", "regime"),
@@ -78,9 +78,6 @@ def parse_args(argv=None):
       "--variants",
       default=",".join(REGIME_VARIANTS),
       help="regime design: e<E>x<L> variants of configs/drift_noise.py",
-  )
-  ap.add_argument(
-      "--replot", action="store_true", help="tables and figures from the committed points only"
   )
   ap.add_argument(
       "--skip_rounds",

@@ -104,7 +104,10 @@ COLUMNS = ("N", "lr", "seed", "capped", "cap_rollouts", "processor")
 
 def parse_args(argv=None):
   ap = study_runner.parser(
-      __doc__, NAME, "the envelope's sweep root, one workdir per run (an arm's: <root>_<arm>)"
+      __doc__,
+      NAME,
+      "the envelope's sweep root, one workdir per run (an arm's: <root>_<arm>)",
+      replot=True,
   )
   ap.add_argument(
       "--hours",
@@ -114,7 +117,6 @@ def parse_args(argv=None):
   )
   ap.add_argument("--ns", default=None, help="batch sizes, comma-separated (default the study's)")
   ap.add_argument("--cap", type=float, default=CAP, help="run budget: cap x best rollouts at N")
-  ap.add_argument("--replot", action="store_true", help="only tables and figures from the records")
   ap.add_argument(
       "--arm",
       default="on",

@@ -3,6 +3,7 @@ indexed learning curves collapse, and over which N the sqrt rule holds.
 
     python experiments/lr_scaling.py                   # (~1 h, 2 workers)
     python experiments/lr_scaling.py --quick           # tiny smoke version
+    python experiments/lr_scaling.py --replot          # tables and figures from the committed files
 
 Runs ``configs/batch_law.py:lr_constant`` and ``:lr_linear`` (lr = lr0 and
 lr = lr0 N / 256) at N = 64, 256, 1,024, 4,096, 16,384, 3 seeds, through
@@ -19,14 +20,16 @@ the N = 256 curve (the tuned reference) over their common rollout range.
 "Holds" at N means E(N) / E(64) <= 1.25 (the samples penalty at N = B_crit
 is 2x: 1.25 sits well inside the perfect-scaling regime).
 
-Writes experiments/results/lr_scaling/: table (.md, .csv), per-run CSV,
-learning curves per rule, E(N) per rule, manifest.json.
+Writes experiments/results/lr_scaling/: table (.md, .csv), per-run
+learning curves of every rule (``_curves.csv``), to-target per run
+(``_runs.csv``), learning curves per rule, manifest.json. ``--replot``
+rebuilds every table and figure from those files alone.
 """
 
 from __future__ import annotations
 
+import functools
 import os
-import sys
 import time
 
 import numpy as np
@@ -52,6 +55,7 @@ def parse_args(argv=None):
       NAME,
       "sweep root of the constant/linear runs",
       on_root_help="the on-policy study's sweep root, the sqrt runs",
+      replot=True,
   )
   ap.add_argument(
       "--rules",
@@ -91,7 +95,7 @@ def main(argv=None):
   quick = args.quick
   tgt = batch_law.targets("quick" if quick else "on")
   main_t = float(tgt[len(tgt) // 2])
-  records, configs = {}, {}
+  configs, sweeps = {}, {}
   rules = [r for r in RULES if r in args.rules]
   for rule in rules:
     if quick:  # the sqrt runs are the quick on-policy sweep's (run here if missing)
@@ -100,7 +104,9 @@ def main(argv=None):
         c = study_runner.on_policy_base(c, args.on_root)
       c.optim.lr_rule = rule
       where = args.on_root if rule == "sqrt" else os.path.join(args.root, rule)
-      rows = study_runner.run_study(c, batch_law.sweep("quick"), where, workers=args.workers)
+      run = functools.partial(
+          study_runner.run_study, c, batch_law.sweep("quick"), where, workers=args.workers
+      )
     elif rule == "sqrt":
       c = batch_law.get_config("on")
       over = [
@@ -108,13 +114,20 @@ def main(argv=None):
           for o in batch_law.sweep("on")
           if o["batch.num_prompts"] * batch_law.K in batch_law.LR_NS
       ]
-      rows = study_runner.read_finished(over, args.on_root)
+      run = functools.partial(study_runner.read_finished, over, args.on_root)
     else:
       c = study_runner.on_policy_base(batch_law.get_config(f"lr_{rule}"), args.on_root)
-      rows = study_runner.run_study(
-          c, batch_law.sweep(f"lr_{rule}"), os.path.join(args.root, rule), workers=args.workers
+      run = functools.partial(
+          study_runner.run_study,
+          c,
+          batch_law.sweep(f"lr_{rule}"),
+          os.path.join(args.root, rule),
+          workers=args.workers,
       )
-    records[rule], configs[rule] = study.collect(rows, tgt, c), c
+    configs[rule], sweeps[rule] = c, run
+  records = study_runner.records(
+      args, out, tgt, lambda: {r: study.collect(sweeps[r](), tgt, configs[r]) for r in rules}
+  )
 
   table, curves_fig = [], []
   for rule in rules:
@@ -161,7 +174,7 @@ def main(argv=None):
       "E_ratio: E(N) / E(smallest N); holds: E_ratio <= 1.25; distance: mean "
       "|pass(curve) - pass(N=256 curve)| over the common rollout range (seed means); "
       f"collapsed: runs stopped below pass {batch_law.COLLAPSED}.",
-      f"Command: `{' '.join(['python'] + sys.argv)}`.",
+      f"Command: `{out.command(args.replot)}`.",
   ]
   out.table(
       table, cols, title=f"Learning-rate rules across N (target {main_t})", notes="\n\n".join(notes)
@@ -180,6 +193,8 @@ def main(argv=None):
         logx=True,
     )
     plots.save(fig, out.path(f"_{rule}.png"))
+  if args.replot:  # the manifest stays the sweep's: its commit, command and wall time
+    return
   out.manifest(
       runs_root=[args.root, args.on_root],
       config={k: v.to_dict() for k, v in configs.items()},

@@ -57,9 +57,8 @@ PUBLISHED = 100.0  # the published per-rollout ratio
 
 
 def parse_args(argv=None):
-  ap = study_runner.parser(__doc__, NAME, "one SFT base per folder below it")
+  ap = study_runner.parser(__doc__, NAME, "one SFT base per folder below it", replot=True)
   ap.add_argument("--batches", type=int, default=6, help="batches pooled per measurement")
-  ap.add_argument("--replot", action="store_true", help="rebuild from the committed CSV")
   args = study_runner.parse(ap, argv)
   if args.quick:
     args.batches = 2

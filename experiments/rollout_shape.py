@@ -2,6 +2,7 @@
 
     python experiments/rollout_shape.py                # (~15 min, 2 workers)
     python experiments/rollout_shape.py --quick        # tiny smoke version
+    python experiments/rollout_shape.py --replot       # tables and figures from the committed files
 
 At N = 1,024 and 4,096 rollouts per round, K = 2, 4, 16, 64 rollouts per
 prompt (P = N / K prompts), 3 seeds, on-policy with the sqrt rule
@@ -16,19 +17,24 @@ checked against K, not extrapolated from one K.
 each other's intervals; the measured B_noise(K) says why or why not: when
 K B_inter is small next to B_intra, K does not matter.
 
-Writes experiments/results/rollout_shape/: table (.md, .csv), per-run CSV,
-figures of S against K and of B_noise against K, manifest.json.
+Writes experiments/results/rollout_shape/: table (.md, .csv), per-run
+learning curves (``_curves.csv``), to-target per run (``_runs.csv``), the
+B_noise(K) measurements (``_noise.json``), figures of S against K and of
+B_noise against K, manifest.json. ``--replot`` rebuilds every table and
+figure from those files alone.
 """
 
 from __future__ import annotations
 
+import json
 import os
-import sys
 import time
+import types
 
 from absl import logging
 
 from cbs_jax import measure
+from cbs_jax import paths
 from cbs_jax import plots
 from cbs_jax import report
 from cbs_jax import run_setup
@@ -36,15 +42,20 @@ from cbs_jax import stats
 from cbs_jax import study
 from cbs_jax import study_report
 from cbs_jax import study_runner
-from cbs_jax import train
 from configs import batch_law
 
 NAME = "rollout_shape"
+# the measured noise scales the table and figure use (``_noise.json``, per K)
+NOISE_FIELDS = ("b_noise", "b_noise_se", "b_intra", "b_intra_se", "b_inter", "b_inter_se")
 
 
 def parse_args(argv=None):
   ap = study_runner.parser(
-      __doc__, NAME, "sweep root", on_root_help="the on-policy study's sweep root, the K = 16 runs"
+      __doc__,
+      NAME,
+      "sweep root",
+      on_root_help="the on-policy study's sweep root, the K = 16 runs",
+      replot=True,
   )
   ap.add_argument(
       "--noise_batches",
@@ -78,21 +89,29 @@ def main(argv=None):
         for s in batch_law.QUICK_SEEDS
     ]
     tgt, ns, noise_n = batch_law.targets("quick"), (16,), 16
-    rows = study_runner.run_study(c, over, args.root, workers=args.workers)
     on = [o for o in batch_law.sweep("quick") if o["batch.num_prompts"] == 4]
-    rows += study_runner.run_study(c_on, on, args.on_root, workers=args.workers)
+
+    def run():
+      rows = study_runner.run_study(c, over, args.root, workers=args.workers)
+      return rows + study_runner.run_study(c_on, on, args.on_root, workers=args.workers)
+
   else:
     c = study_runner.on_policy_base(batch_law.get_config("shape"), args.on_root)
     tgt, ns, noise_n = batch_law.TARGETS, batch_law.SHAPE_NS, 1024
-    rows = study_runner.run_study(c, batch_law.sweep("shape"), args.root, workers=args.workers)
     on = [o for o in batch_law.sweep("on") if o["batch.num_prompts"] * batch_law.K in ns]
-    rows += study_runner.read_finished(on, args.on_root)
-  recs = study.collect(rows, tgt, c)
+
+    def run():
+      rows = study_runner.run_study(c, batch_law.sweep("shape"), args.root, workers=args.workers)
+      return rows + study_runner.read_finished(on, args.on_root)
+
+  recs = study_runner.records(args, out, tgt, lambda: {"shape": study.collect(run(), tgt, c)})[
+      "shape"
+  ]
   main_t = float(tgt[len(tgt) // 2])
   table = study.per_batch_rows(recs, tgt, key=lambda r: (r["N"], r["K"]))
 
   noise = {}
-  if args.noise_batches:
+  if not args.replot and args.noise_batches:
     setup = run_setup.prepare(c)
     base = os.path.join(args.root, "_base_probe")
     graphdef, params, _ = measure.load_policy(c, base, setup)
@@ -100,7 +119,11 @@ def main(argv=None):
       res = measure.measure(
           c, graphdef, params, setup, noise_n // K, K, args.noise_batches, progress=False
       )
-      noise[K] = res["exact"]
+      noise[str(K)] = {f: getattr(res["exact"], f) for f in NOISE_FIELDS}
+    report.write_json(out.path("_noise.json"), noise)
+  if paths.exists(out.path("_noise.json")) and (args.replot or args.noise_batches):
+    noise = json.loads(paths.read_text(out.path("_noise.json")))  # as committed
+  noise = {int(k): types.SimpleNamespace(**v) for k, v in noise.items()}
 
   rows_md = []
   for r in table:
@@ -141,7 +164,7 @@ def main(argv=None):
       "S: generation rounds to the target, mean [90% t-interval] over seeds. "
       "B_noise(K): measured at the SFT base with batches of "
       f"{noise_n} rollouts as (N/K) x K, ± jackknife SE.",
-      f"Command: `{' '.join(['python'] + sys.argv)}`.",
+      f"Command: `{out.command(args.replot)}`.",
   ]
   out.table(rows_md, cols, title="Rollout shape at fixed N", notes="\n".join(notes))
   study_report.write_runs_csv(out.path("_runs.csv"), recs, tgt)
@@ -180,6 +203,8 @@ def main(argv=None):
         ),
         out.path("_noise.png"),
     )
+  if args.replot:  # the manifest stays the sweep's: its commit, command and wall time
+    return
   out.manifest(
       runs_root=[args.root, args.on_root],
       config=c,

@@ -19,10 +19,17 @@ from tests import experiment_scripts
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 FLAGS = {
-    "batch_law_on_policy": ["--root", "--out", "--workers", "--tune", "--quick"],
-    "batch_law_off_policy": ["--root", "--on_root", "--out", "--reuse", "--quick"],
-    "lr_scaling": ["--root", "--on_root", "--out", "--rules", "--quick"],
-    "rollout_shape": ["--root", "--on_root", "--out", "--noise_batches", "--quick"],
+    "batch_law_on_policy": ["--root", "--out", "--workers", "--tune", "--replot", "--quick"],
+    "batch_law_off_policy": ["--root", "--on_root", "--out", "--reuse", "--replot", "--quick"],
+    "lr_scaling": ["--root", "--on_root", "--out", "--rules", "--replot", "--quick"],
+    "rollout_shape": [
+        "--root",
+        "--on_root",
+        "--out",
+        "--noise_batches",
+        "--replot",
+        "--quick",
+    ],
     "throughput_decision": ["--on_root", "--root", "--out", "--repeats", "--measure", "--quick"],
     "noise_anatomy": ["--root", "--out", "--variants", "--batches", "--quick"],
     "drift_noise": [
@@ -94,6 +101,7 @@ FLAGS = {
         "--fits",
         "--signals",
         "--seeds",
+        "--replot",
         "--quick",
     ],
 }
@@ -108,6 +116,7 @@ CHAINS = {
                 "batch_law_on_policy.md",
                 "batch_law_on_policy.csv",
                 "batch_law_on_policy_runs.csv",
+                "batch_law_on_policy_curves.csv",
                 "batch_law_on_policy.png",
                 "batch_law_on_policy_curves.png",
                 "manifest.json",
@@ -116,18 +125,41 @@ CHAINS = {
         (
             "batch_law_off_policy",
             ["--reuse=4"],
-            ["batch_law_off_policy.md", "batch_law_off_policy.csv", "manifest.json"],
+            [
+                "batch_law_off_policy.md",
+                "batch_law_off_policy.csv",
+                "batch_law_off_policy_curves.csv",
+                "manifest.json",
+            ],
+        ),
+        (  # the same tables and figures from the committed curves alone
+            "batch_law_off_policy",
+            ["--reuse=4", "--replot", "--root={out}/no_runs", "--on_root={out}/no_runs"],
+            ["batch_law_off_policy.md", "batch_law_off_policy_off4.png"],
         ),
         # the constant rule runs the same code path as linear: one of them suffices here
         (
             "lr_scaling",
             ["--rules=constant,sqrt"],
-            ["lr_scaling.md", "lr_scaling.csv", "lr_scaling_sqrt.png", "manifest.json"],
+            [
+                "lr_scaling.md",
+                "lr_scaling.csv",
+                "lr_scaling_curves.csv",
+                "lr_scaling_sqrt.png",
+                "manifest.json",
+            ],
         ),
         (
             "rollout_shape",
             [],
-            ["rollout_shape.md", "rollout_shape.csv", "rollout_shape.png", "manifest.json"],
+            [
+                "rollout_shape.md",
+                "rollout_shape.csv",
+                "rollout_shape_curves.csv",
+                "rollout_shape_noise.json",
+                "rollout_shape.png",
+                "manifest.json",
+            ],
         ),
         (
             "throughput_decision",
@@ -148,10 +180,22 @@ CHAINS = {
                 "adaptive_batch.md",
                 "adaptive_batch.csv",
                 "adaptive_batch_runs.csv",
+                "adaptive_batch_curves.csv",
+                "adaptive_batch_traj.csv",
                 "adaptive_batch_curves.png",
                 "manifest.json",
             ]
             + [f"adaptive_batch_n_{s}.png" for s in SIGNALS],
+        ),
+        (  # its tables and figures from the committed curves and trajectories alone
+            "adaptive_batch",
+            [
+                "--throughput={out}/throughput_decision/throughput.json",
+                "--replot",
+                "--root={out}/no_runs",
+                "--on_root={out}/no_runs",
+            ],
+            ["adaptive_batch.md", "adaptive_batch_curves.png"],
         ),
     ],
     # the envelope scan, then --replot from its records alone

@@ -24,8 +24,19 @@ STUDIES = [
         "clipping_ablation_e4",
         [],
     ),
+    # the envelope's time-to-target table reads the throughput benchmark's rates
+    ("lr_envelope", [], "lr_envelope", ["throughput_decision"]),
+    ("lr_envelope", ["--arm=off4"], "lr_envelope_off4", ["lr_envelope"]),
+    ("lr_envelope", ["--arm=off8"], "lr_envelope_off8", ["lr_envelope"]),
     ("lr_envelope", ["--arm=warmup5"], "lr_envelope_warmup5", ["lr_envelope"]),
     ("noise_length", [], "noise_length", []),
+    # the first design's studies, from their committed curves (study_report.save_records)
+    ("batch_law_on_policy", ["--tune"], "batch_law_on_policy", []),
+    ("batch_law_off_policy", [], "batch_law_off_policy", []),
+    ("lr_scaling", [], "lr_scaling", []),
+    ("rollout_shape", [], "rollout_shape", []),
+    # wall clock modelled from the committed throughput benchmark (read from the checkout)
+    ("adaptive_batch", [], "adaptive_batch", []),
 ]
 
 
