@@ -2,6 +2,7 @@
 
     python experiments/throughput_decision.py          # benchmark + decision (~15 min, idle machine)
     python experiments/throughput_decision.py --quick  # tiny smoke version
+    python experiments/throughput_decision.py --replot # tables and figures from the committed files
 
 Published claim: a larger batch lowers time-to-target only when its
 generation-throughput gain exceeds its samples-to-target penalty. Two parts:
@@ -26,20 +27,23 @@ generation-throughput gain exceeds its samples-to-target penalty. Two parts:
    against; compile and evaluation seconds are reported beside it.
 
 Writes experiments/results/throughput_decision/: throughput.json (the
-per-N rates, read by experiments/adaptive_batch.py), the tables (.md,
-.csv), a figure of throughput and T(N) against N, manifest.json.
+per-N rates, read by experiments/adaptive_batch.py), the on-policy runs'
+learning curves (``_curves.csv``), the --measure runs' times to the target
+(``_measured.json``), the tables (.md, .csv), a figure of throughput and
+T(N) against N, manifest.json. ``--replot`` rebuilds the tables and
+figures from those files alone.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import sys
 import time
 
 import numpy as np
 from absl import logging
 
+from cbs_jax import paths
 from cbs_jax import plots
 from cbs_jax import probes
 from cbs_jax import report
@@ -61,6 +65,7 @@ def parse_args(argv=None):
       "workdirs of the benchmark and of --measure",
       on_root_help="the on-policy study's sweep root (E(N), the SFT base)",
       workers=False,
+      replot=True,
   )
   ap.add_argument("--repeats", type=int, default=5, help="timed rounds per N (median)")
   ap.add_argument(
@@ -121,53 +126,65 @@ def main(argv=None):
   tgt = batch_law.targets(arg)
   main_t = float(tgt[len(tgt) // 2])
   sweep_over = batch_law.sweep(arg)
-  if args.quick:
-    on_rows = study_runner.run_study(c, sweep_over, args.on_root, workers=1)
-  else:
-    on_rows = study_runner.read_finished(sweep_over, args.on_root)
-  recs = study.collect(on_rows, tgt, c)
+
+  def on_policy():
+    if args.quick:
+      return study_runner.run_study(c, sweep_over, args.on_root, workers=1)
+    return study_runner.read_finished(sweep_over, args.on_root)
+
+  recs = study_runner.records(args, out, tgt, lambda: {"on": study.collect(on_policy(), tgt, c)})[
+      "on"
+  ]
   ns = sorted({r["N"] for r in recs})
   K = c.batch.rollouts_per_prompt
+  rates_path = paths.join(out.dir, "throughput.json")
+  measured_path = out.path("_measured.json")
 
-  # ---------------------------------------------------------- 1. benchmark
-  bc = c.copy_and_resolve_references()
-  with bc.unlocked():
-    bc.sft.base_dir = os.path.abspath(os.path.join(args.on_root, "sft_base"))
-    bc.train.eval_every = 0
-  thr, setup = benchmark(bc, args.root, ns, args.repeats)
-  acc = probes.calibrate_cpu()
-  Tp, Tc = setup.layout.prompt_len, setup.layout.completion_len
-  for t in thr:
-    t["roofline_rollouts_per_s"] = systems.rollouts_per_s(setup.model, acc, t["N"], Tp, Tc)
-    t["vs_roofline"] = t["rollouts_per_s"] / t["roofline_rollouts_per_s"]
-  with open(os.path.join(out.dir, "throughput.json"), "w") as f:
-    json.dump(
+  if not args.replot:
+    # -------------------------------------------------------- 1. benchmark
+    bc = c.copy_and_resolve_references()
+    with bc.unlocked():
+      bc.sft.base_dir = os.path.abspath(os.path.join(args.on_root, "sft_base"))
+      bc.train.eval_every = 0
+    thr, setup = benchmark(bc, args.root, ns, args.repeats)
+    acc = probes.calibrate_cpu()
+    Tp, Tc = setup.layout.prompt_len, setup.layout.completion_len
+    for t in thr:
+      t["roofline_rollouts_per_s"] = systems.rollouts_per_s(setup.model, acc, t["N"], Tp, Tc)
+      t["vs_roofline"] = t["rollouts_per_s"] / t["roofline_rollouts_per_s"]
+    report.write_json(
+        rates_path,
         dict(
             N=[t["N"] for t in thr],
             rollouts_per_s=[t["rollouts_per_s"] for t in thr],
             rows=thr,
             machine=systems.describe(acc),
             K=K,
+            repeats=args.repeats,
         ),
-        f,
-        indent=1,
-        default=float,
     )
-
-  # ---------------------------------------------------------- 2. decision
+    measured = {}
+    if args.measure:  # seed 0 of every N rerun here, one at a time, and timed
+      for N in ns:
+        o = next(o for o in sweep_over if o["batch.num_prompts"] * K == N and o["seed"] == 0)
+        row = study_runner.run_study(
+            c, [o], os.path.join(args.root, "measure"), workers=1, progress=False
+        )[0]
+        measured[str(N)] = study.time_to_target(row["workdir"], main_t)
+      report.write_json(measured_path, measured)
+  # ------------------------------------------------------------ 2. decision
+  doc = json.loads(paths.read_text(rates_path))  # as committed: the replot reads only these
+  thr, machine, repeats = doc["rows"], doc["machine"], doc.get("repeats", args.repeats)
+  measured = {}
+  if paths.exists(measured_path) and (args.replot or args.measure):
+    measured = {int(n): m for n, m in json.loads(paths.read_text(measured_path)).items()}
+  if [t["N"] for t in thr] != ns:
+    raise ValueError(f"{rates_path} holds N = {[t['N'] for t in thr]}, the runs N = {ns}")
   E = {
       N: study.seed_interval([r["to_target"][main_t]["rollouts"] for r in recs if r["N"] == N])
       for N in ns
   }
   rate = {t["N"]: t["rollouts_per_s"] for t in thr}
-  measured = {}
-  if args.measure:
-    for N in ns:
-      o = next(o for o in sweep_over if o["batch.num_prompts"] * K == N and o["seed"] == 0)
-      row = study_runner.run_study(
-          c, [o], os.path.join(args.root, "measure"), workers=1, progress=False
-      )[0]
-      measured[N] = study.time_to_target(row["workdir"], main_t)
   rows = []
   for i, N in enumerate(ns):
     e = E[N]
@@ -214,8 +231,8 @@ def main(argv=None):
       "measured: 2N faster",
   ]
   notes = [
-      f"Benchmark: one process, {args.repeats} timed rounds per N (median), K = {K}; "
-      f"machine: {systems.describe(acc)}. vs_roofline: measured rollouts/s over the "
+      f"Benchmark: one process, {repeats} timed rounds per N (median), K = {K}; "
+      f"machine: {machine}. vs_roofline: measured rollouts/s over the "
       "roofline bound of the same round (systems.round_time). E: on-policy rollouts "
       f"to {main_t} (mean [90% t-interval] over seeds); T_pred = E / rollouts_per_s "
       "(seconds); T_measured (--measure): seed 0 rerun here, its logged generation + "
@@ -224,7 +241,7 @@ def main(argv=None):
       "the benchmark's; T_overhead: its compile (first round's excess) + evaluation "
       "seconds, not in the prediction. Rule: N -> 2N pays iff the throughput gain exceeds the samples "
       "penalty E(2N) / E(N).",
-      f"Command: `{' '.join(['python'] + sys.argv)}`.",
+      f"Command: `{out.command(args.replot)}`.",
   ]
   out.table(
       rows, cols, title="Throughput and the time-to-target decision", notes="\n\n".join(notes)
@@ -264,6 +281,8 @@ def main(argv=None):
       ),
       out.path("_time.png"),
   )
+  if args.replot:  # the manifest stays the sweep's: its commit, command and wall time
+    return
   out.manifest(runs_root=args.root, config=c, wall_seconds=time.time() - t0, targets=list(tgt))
 
 

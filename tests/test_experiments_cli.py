@@ -30,7 +30,15 @@ FLAGS = {
         "--replot",
         "--quick",
     ],
-    "throughput_decision": ["--on_root", "--root", "--out", "--repeats", "--measure", "--quick"],
+    "throughput_decision": [
+        "--on_root",
+        "--root",
+        "--out",
+        "--repeats",
+        "--measure",
+        "--replot",
+        "--quick",
+    ],
     "noise_anatomy": ["--root", "--out", "--variants", "--batches", "--quick"],
     "drift_noise": [
         "--root",
@@ -167,9 +175,16 @@ CHAINS = {
             [
                 "throughput_decision.md",
                 "throughput.json",
+                "throughput_decision_curves.csv",
+                "throughput_decision_measured.json",
                 "throughput_decision.png",
                 "manifest.json",
             ],
+        ),
+        (  # the decision from the committed rates, curves and measured times alone
+            "throughput_decision",
+            ["--measure", "--replot", "--root={out}/no_runs", "--on_root={out}/no_runs"],
+            ["throughput_decision.md", "throughput_decision_time.png"],
         ),
         # every signal; its fixed arms are the quick on-policy runs above (read back), its
         # wall clock modelled from the throughput just measured

@@ -35,6 +35,7 @@ STUDIES = [
     ("batch_law_off_policy", [], "batch_law_off_policy", []),
     ("lr_scaling", [], "lr_scaling", []),
     ("rollout_shape", [], "rollout_shape", []),
+    ("throughput_decision", ["--measure"], "throughput_decision", []),
     # wall clock modelled from the committed throughput benchmark (read from the checkout)
     ("adaptive_batch", [], "adaptive_batch", []),
 ]
