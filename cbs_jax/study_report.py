@@ -71,11 +71,8 @@ def load_records(
   for row in report.read_rows(path):
     recs = groups.setdefault(row["group"], [])
     if not recs or recs[-1]["name"] != row["name"]:
-      rec = {k: row[k] for k in keys}
-      rec["summary"] = {
-          k: {"True": True, "False": False}.get(row[f"summary.{k}"], row[f"summary.{k}"])
-          for k in SUMMARY_KEYS
-      }
+      rec = {k: _flag(row[k]) for k in keys}
+      rec["summary"] = {k: _flag(row[f"summary.{k}"]) for k in SUMMARY_KEYS}
       rec[series] = {k: [] for k in row if k not in fixed}
       recs.append(rec)
     for k, v in recs[-1][series].items():
@@ -86,6 +83,11 @@ def load_records(
       if targets is not None:
         r["to_target"] = study.to_target(r[series], targets)
   return groups
+
+
+def _flag(cell):
+  """A CSV cell with a boolean written back as the boolean."""
+  return {"True": True, "False": False}.get(cell, cell) if isinstance(cell, str) else cell
 
 
 def write_runs_csv(path: str, records, targets) -> None:

@@ -112,15 +112,17 @@ def parse(ap: argparse.ArgumentParser, argv=None) -> argparse.Namespace:
   return args
 
 
-def records(args, out, targets, make, suffix: str = study_report.RECORDS) -> dict:
+def records(
+    args, out, targets, make, suffix: str = study_report.RECORDS, keys=study_report.RECORD_KEYS
+) -> dict:
   """``{group: [record]}`` of a study (``study.collect``'s records, grouped
   by arm): ``make()`` runs or reads back the sweeps and its records are
   committed under ``out`` (``study_report.save_records``); with
   ``args.replot`` nothing is made. Either way they are read back from that
   file, so a study and its --replot analyse the same bytes."""
   if not args.replot:
-    study_report.save_records(out, make(), suffix)
-  return study_report.load_records(out, targets, suffix)
+    study_report.save_records(out, make(), suffix, keys)
+  return study_report.load_records(out, targets, suffix, keys)
 
 
 def prepare_base(config, root: str) -> None:

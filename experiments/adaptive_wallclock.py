@@ -3,6 +3,7 @@ controller under an accelerator's throughput model.
 
     python experiments/adaptive_wallclock.py            # the study (~30 min, idle machine)
     python experiments/adaptive_wallclock.py --quick    # tiny smoke version (minutes)
+    python experiments/adaptive_wallclock.py --replot   # tables and figures from the committed files
 
 Part 1, measured on this machine. Arms, one run at a time (seeds
 interleaved, so a change of machine speed falls on every arm alike), every
@@ -33,8 +34,11 @@ their N; the best fixed N is the least mean modelled time among them.
 
 Writes <out>/adaptive_wallclock/: the table (.md, .csv), one line per run
 (``_runs.csv``), the per-run curves (``_curves.csv``: round, N, rollouts,
-seconds, held-out pass), N over training beside the signal and the
-predicted optimum (``_n.png``), manifest.json.
+seconds, modelled seconds, held-out pass, and each run's round timings)
+and per-round trajectories (``_traj.csv``: N, the signal with its
+interval, the predicted optimum), N over training beside the signal and
+the predicted optimum (``_n.png``), manifest.json. ``--replot`` rebuilds
+every table and figure from those files alone.
 """
 
 from __future__ import annotations
@@ -42,7 +46,6 @@ from __future__ import annotations
 import functools
 import math
 import os
-import sys
 import time
 
 import numpy as np
@@ -55,6 +58,7 @@ from cbs_jax import report
 from cbs_jax import run_setup
 from cbs_jax import stats
 from cbs_jax import study
+from cbs_jax import study_report
 from cbs_jax import study_runner
 from cbs_jax import sweep
 from cbs_jax import systems
@@ -65,10 +69,24 @@ from configs import batch_law
 NAME = "adaptive_wallclock"
 LEVEL = 0.9
 NEAR = 1.10  # the goal: within 10% of the best fixed N
+# a run's committed scalars (``_curves.csv`` beside its curve) and its trajectory's file
+RUN_KEYS = (
+    "arm",
+    "seed",
+    "name",
+    "modelled",
+    "first_round_s",
+    "median_round_s",
+    "calibration_s",
+    "held_for_cost",
+)
+TRAJ = "_traj.csv"
 
 
 def parse_args(argv=None):
-  ap = study_runner.parser(__doc__, NAME, "sweep root (one workdir per run)", workers=False)
+  ap = study_runner.parser(
+      __doc__, NAME, "sweep root (one workdir per run)", workers=False, replot=True
+  )
   ap.add_argument("--seeds", default=None, help="seeds, comma-separated (default 0-4; quick 0,1)")
   ap.add_argument("--best_n", type=int, default=128, help="the best fixed N (rollouts per round)")
   ap.add_argument("--accelerators", default="h100_sxm,tpu_v5e", help="modelled accelerators")
@@ -174,9 +192,10 @@ def run(config, over, root, grid):
 # ---------------------------------------------------------------- a run
 
 
-def record(row, arm, targets, round_model=None):
+def record(row, arm, round_model=None):
   """A run's curve (rounds, N, rollouts, measured seconds, modelled seconds
-  with ``round_model``, held-out score) and its to-target values."""
+  with ``round_model``, held-out score), its per-round trajectory and round
+  timings."""
   rows = metrics_lib.read_jsonl(os.path.join(row["workdir"], "metrics.jsonl"))
   summ = row.get("summary") or {}
   sec = float(summ.get("calibration_seconds") or 0.0)
@@ -205,23 +224,15 @@ def record(row, arm, targets, round_model=None):
     curve["seconds"].append(sec)
     curve["modelled_s"].append(msec)
     curve["score"].append(score)
-  arr = {k: np.asarray(v, np.float64) for k, v in curve.items() if k != "N"}
-  xs = ("rounds", "rollouts", "seconds") + (("modelled_s",) if round_model else ())
-  to = {}
-  for t in targets:
-    to[float(t)] = {
-        x: batch_law_lib.steps_to_target(arr["round" if x == "rounds" else x], arr["score"], t)
-        for x in xs
-    }
   secs = [r["gen_seconds"] + r["update_seconds"] for r in rows if "batch_size" in r]
+  curve["N"] = [_float(n) for n in curve["N"]]  # nan before the first round
   return dict(
       arm=arm,
       seed=row["overrides"].get("seed", 0),
       name=row["name"],
+      modelled=round_model is not None,
       curve=curve,
       traj=traj,
-      to=to,
-      N_visited=sorted({n for n in traj["N"]}),
       # where the seconds go: the first round compiles; the calibration is timed apart
       first_round_s=secs[0] if secs else None,
       median_round_s=float(np.median(secs)) if secs else None,
@@ -231,6 +242,22 @@ def record(row, arm, targets, round_model=None):
           None,
       ),
   )
+
+
+def finish(rec, targets) -> dict:
+  """A committed record (``study_report.load_records``) with the N it
+  visited and its to-target values (rounds, rollouts, measured seconds,
+  and modelled seconds where it ran under a model)."""
+  c = rec["curve"]
+  xs = ("rounds", "rollouts", "seconds") + (("modelled_s",) if rec["modelled"] else ())
+  to = {
+      float(t): {
+          x: batch_law_lib.steps_to_target(c["round" if x == "rounds" else x], c["score"], t)
+          for x in xs
+      }
+      for t in targets
+  }
+  return dict(rec, to=to, N_visited=sorted({int(n) for n in rec["traj"]["N"]}))
 
 
 def _float(v):
@@ -335,21 +362,34 @@ def main(argv=None):
   ad, fx, tgt, grid = configs(args)
   main_t = float(tgt[len(tgt) // 2])
   measured, modelled = arms(args, ad, fx)
-  study_runner.prepare_base(fx, args.root)
-
-  recs = {a: [] for a in measured}
-  for seed in args.seeds:  # interleaved: seed by seed, every arm
-    for arm, (c, over) in measured.items():
-      row = run(c, dict(over, seed=seed), args.root, grid)
-      recs[arm].append(record(row, arm, tgt))
   setup = run_setup.prepare(ad)
   models = {a: train.round_time_model(ad, setup, a) for a in args.accelerators}
-  mrecs = {a: [] for a in modelled}
-  for seed in args.modelled_seeds:
-    for arm, (c, over) in modelled.items():
-      acc = over.get("batch.adaptive_round_time")
-      row = run(c, dict(over, seed=seed), args.root, grid)
-      mrecs[arm].append(record(row, arm, tgt, models.get(acc)))
+  out = report.Results(NAME, root=args.out)
+
+  def make():
+    study_runner.prepare_base(fx, args.root)
+    recs = {a: [] for a in measured}
+    for seed in args.seeds:  # interleaved: seed by seed, every arm
+      for arm, (c, over) in measured.items():
+        recs[arm].append(record(run(c, dict(over, seed=seed), args.root, grid), arm))
+    mrecs = {a: [] for a in modelled}
+    for seed in args.modelled_seeds:
+      for arm, (c, over) in modelled.items():
+        acc = over.get("batch.adaptive_round_time")
+        row = run(c, dict(over, seed=seed), args.root, grid)
+        mrecs[arm].append(record(row, arm, models.get(acc)))
+    groups = recs | mrecs
+    study_report.save_records(out, groups, TRAJ, keys=("name", "seed"), series="traj")
+    return groups
+
+  groups = study_runner.records(args, out, None, make, keys=RUN_KEYS)
+  trajs = study_report.load_records(out, None, TRAJ, keys=("name", "seed"), series="traj")
+  for g, rs in groups.items():
+    for r, tr in zip(rs, trajs[g]):
+      r["traj"] = tr["traj"]
+  groups = {g: [finish(r, tgt) for r in rs] for g, rs in groups.items()}
+  recs = {a: groups[a] for a in measured}
+  mrecs = {a: groups[a] for a in modelled}
   mfixed = {a: rs for a, rs in mrecs.items() if a.startswith("fixed")}
   mrecs = {a: rs for a, rs in mrecs.items() if not a.startswith("fixed")}
 
@@ -438,7 +478,6 @@ def main(argv=None):
     mtable.append(d)
 
   # ------------------------------------------------------------ files
-  out = report.Results(NAME, root=args.out)
   cols = (
       ["arm", "N", "seeds"]
       + [f"{k}@{float(t)}" for t in tgt for k in ("rollouts", "wall s", "reached")]
@@ -467,7 +506,7 @@ def main(argv=None):
       "x the modelled round time at their N (the same SFT base, rate rule and evaluation grid "
       "as the adaptive runs). Switch penalty: every adaptive run, measured or modelled, that "
       "switched to an N with a fixed arm.",
-      f"- Command: `{' '.join(['python'] + sys.argv)}`.",
+      f"- Command: `{out.command(args.replot)}`.",
   ]
   out.table(
       table,
@@ -486,13 +525,6 @@ def main(argv=None):
           pr[f"{x}@{float(t)}"] = v
       runs.append(pr)
   out.rows(runs, "_runs.csv")
-  curves = [
-      dict(arm=r["arm"], seed=r["seed"], **{k: v[i] for k, v in r["curve"].items()})
-      for rs in list(recs.values()) + list(mrecs.values()) + list(mfixed.values())
-      for r in rs
-      for i in range(len(r["curve"]["round"]))
-  ]
-  out.rows(curves, "_curves.csv")
   r0 = sorted(recs["adaptive"], key=lambda r: r["seed"])[0]
   tr = r0["traj"]
   ok = [math.isfinite(h) and lo > 0 for lo, h in zip(tr["lo"], tr["hi"])]
@@ -527,6 +559,8 @@ def main(argv=None):
         ),
         out.path("_n_modelled.png"),
     )
+  if args.replot:  # the manifest stays the sweep's: its commit, command and wall time
+    return
   out.manifest(
       runs_root=args.root,
       config=ad,

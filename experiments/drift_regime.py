@@ -2,6 +2,7 @@
 
     python experiments/drift_regime.py            # 4 epochs x 4 rates, 12 rounds each (~17 min)
     python experiments/drift_regime.py --quick    # tiny smoke version
+    python experiments/drift_regime.py --replot   # table and figure from the committed summaries
 
 The drift and clipping claims of study 1 were made at kappa = KL(behaviour
 || current) ~ 0.08-0.09 nats/token; one epoch of reuse at the on-policy
@@ -22,20 +23,24 @@ of probe tokens a 0.2 clip would touch there, and the held-out pass rate at
 the end (a rate that wrecks the policy is not a regime to study). The
 verdict names the configurations whose kappa lies in the published range.
 
-Writes <out>/drift_regime/: the table (.md, .csv), kappa against the
-learning-rate scale per E with the published range (.png), manifest.json.
+Writes <out>/drift_regime/: the table (.md, .csv), each variant's summary
+(``_runs.json``: kappa and the clip fraction with their SEs, kappa by
+update, pass rates), kappa against the learning-rate scale per E with the
+published range (.png), manifest.json. ``--replot`` rebuilds the table and
+figure from ``_runs.json`` alone.
 """
 
 from __future__ import annotations
 
+import json
 import os
-import sys
 import time
 
 import numpy as np
 from absl import logging
 
 from cbs_jax import metrics as metrics_lib
+from cbs_jax import paths
 from cbs_jax import plots
 from cbs_jax import report
 from cbs_jax import stats
@@ -49,7 +54,7 @@ BASE = "pg8"
 
 
 def parse_args(argv=None):
-  ap = study_runner.parser(__doc__, NAME, "sweep root, one run <root>/<variant> each")
+  ap = study_runner.parser(__doc__, NAME, "sweep root, one run <root>/<variant> each", replot=True)
   ap.add_argument("--epochs", default=None, help="epochs E over each round (default 1,2,4,8)")
   ap.add_argument(
       "--lr_scales", default=None, help="learning rate x L (default 1,2,4,16; quick 16)"
@@ -127,11 +132,15 @@ def main(argv=None):
       for E in args.epochs
       for L in args.lr_scales
   }
-  rows = study_runner.run_variants(configs, args.root, workers=args.workers)
+  out = report.Results(NAME, root=args.out)
+  if not args.replot:
+    rows = study_runner.run_variants(configs, args.root, workers=args.workers)
+    report.write_json(out.path("_runs.json"), {v: summarise(rows[v]["workdir"]) for v in configs})
+  summaries = json.loads(paths.read_text(out.path("_runs.json")))  # as committed
   lo, hi = PUBLISHED
   table = []
   for v, c in configs.items():
-    s = summarise(rows[v]["workdir"])
+    s = summaries[v]
     table.append(
         dict(
             variant=v,
@@ -164,9 +173,8 @@ def main(argv=None):
       "- Within a factor of 2 of the published range: "
       + (", ".join(reach) if reach else "none")
       + f"; the largest kappa here: {top['kappa']} ({top['variant']}).",
-      f"- Command: `{' '.join(['python'] + sys.argv)}`.",
+      f"- Command: `{out.command(args.replot)}`.",
   ]
-  out = report.Results(NAME, root=args.out)
   cols = [
       "variant",
       "epochs",
@@ -202,6 +210,8 @@ def main(argv=None):
           title="drift per round against the learning rate (bars: ± 1 SE over rounds)",
       )
   )
+  if args.replot:  # the manifest stays the sweep's: its commit, command and wall time
+    return
   out.manifest(
       runs_root=args.root,
       config={v: c.to_dict() for v, c in configs.items()},

@@ -1,6 +1,6 @@
 """The group-baseline K formula against the measured traces at K = 4 / 16 / 64.
 
-    python experiments/k_dependence.py          # reads experiments/results/noise_anatomy/
+    python experiments/k_dependence.py          # reads experiments/results/noise_anatomy/noise_anatomy.json
 
 docs/noise.md ("K under a group-mean baseline") derives how tr Sigma_intra
 and tr Sigma_inter depend on K when advantages are centred on the group's
@@ -22,12 +22,12 @@ SEs, predicted vs measured traces, chi^2, p).
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import os
 import sys
 
 from cbs_jax import group_baseline
+from cbs_jax import report
 from cbs_jax import stats
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -108,24 +108,24 @@ def markdown(res: dict, command: str) -> str:
 def main(argv=None):
   ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   ap.add_argument(
-      "--csv",
-      default=os.path.join(HERE, "results", "noise_anatomy", "noise_anatomy.csv"),
-      help="noise_anatomy's table (K = 4, 16, 64 rows per point)",
+      "--records",
+      default=os.path.join(HERE, "results", "noise_anatomy", "noise_anatomy.json"),
+      help="noise_anatomy's measurements at full precision (K = 4, 16, 64 per point)",
   )
   ap.add_argument("--variant", default="mixed")
   ap.add_argument("--out", default=os.path.join(HERE, "results", "noise_anatomy"))
   args = ap.parse_args(argv)
-  with open(args.csv) as f:
-    rows = list(csv.DictReader(f))
+  with open(args.records) as f:
+    rows = json.load(f)
   if not any(r["variant"] == args.variant for r in rows):
-    ap.error(f"--variant={args.variant!r} has no rows in {args.csv}")
+    ap.error(f"--variant={args.variant!r} has no rows in {args.records}")
   res = analyse(rows, args.variant)
   os.makedirs(args.out, exist_ok=True)
   command = "python experiments/k_dependence.py" + "".join(f" {a}" for a in (argv or sys.argv[1:]))
   with open(os.path.join(args.out, "k_dependence.md"), "w") as f:
     f.write(markdown(res, command))
-  with open(os.path.join(args.out, "k_dependence.json"), "w") as f:
-    json.dump(res, f, indent=1)
+  # floats at report.stable's digits: the same on another processor's BLAS
+  report.write_json(os.path.join(args.out, "k_dependence.json"), res)
   print(markdown(res, command))
 
 

@@ -2,6 +2,7 @@
 
     python experiments/noise_anatomy.py                # every variant (~1 h)
     python experiments/noise_anatomy.py --quick        # tiny smoke version
+    python experiments/noise_anatomy.py --variants=mixed,homog,steps --replot  # from the committed .json
 
 Published runs report tr Sigma_intra : tr Sigma_inter ~ 100:1 per rollout
 (noise scales ~311 vs ~3.2): rollouts of one prompt vary far more than
@@ -19,14 +20,16 @@ Every variant is a one-run sweep under ``--root/<variant>`` (resumable).
 "Matched pass rate": variants train in order, and the steps variant's run
 stops once its sampled pass rate reaches the mixed variant's final one.
 
-Writes experiments/results/noise_anatomy/: the table (.md, .csv), the
-intra/inter decomposition figure, the per-difficulty table, manifest.json.
+Writes experiments/results/noise_anatomy/: the table (.md, .csv), every
+measurement (``.json``), the intra/inter decomposition figure, the
+per-difficulty table, manifest.json. ``--replot`` rebuilds the tables and
+figure from the ``.json`` alone.
 """
 
 from __future__ import annotations
 
+import json
 import os
-import sys
 import time
 
 from absl import logging
@@ -34,13 +37,13 @@ from absl import logging
 from cbs_jax import checkpoint as ckpt_lib
 from cbs_jax import measure
 from cbs_jax import metrics as metrics_lib
+from cbs_jax import paths
 from cbs_jax import plots
 from cbs_jax import report
 from cbs_jax import run_setup
 from cbs_jax import stats
 from cbs_jax import study
 from cbs_jax import study_runner
-from cbs_jax import train
 from configs import noise_anatomy
 
 NAME = "noise_anatomy"
@@ -49,7 +52,9 @@ KS = (4, 16, 64)  # K measured directly on the mixed variant
 
 
 def parse_args(argv=None):
-  ap = study_runner.parser(__doc__, NAME, "one sweep root per variant below it", workers=False)
+  ap = study_runner.parser(
+      __doc__, NAME, "one sweep root per variant below it", workers=False, replot=True
+  )
   ap.add_argument(
       "--variants",
       default="mixed,homog,steps,countdown,large",
@@ -104,15 +109,11 @@ def measured_row(variant, stage, rnd, pass_rate, K, res):
   )
 
 
-def main(argv=None):
-  args = parse_args(argv)
-  logging.set_verbosity(logging.WARNING)
-  t0 = time.time()
-  out = report.Results(NAME, root=args.out)
-  variants = args.variants.split(",")
-  configs = {v: noise_anatomy.get_config(v) for v in variants}
+def measure_variants(args, configs, variants) -> list[dict]:
+  """Train each variant (in order: "steps" stops at the mixed variant's
+  final pass rate) and measure it at its SFT base and at its end."""
   workdirs, ref_pass = {}, None
-  for v in variants:  # in order: "steps" stops at the mixed variant's final pass rate
+  for v in variants:
     over = {}
     if v == "steps" and ref_pass is not None:
       over = {"train.stop_at_pass_rate": round(float(ref_pass), 3)}
@@ -149,6 +150,21 @@ def main(argv=None):
             chunk_prompts=min(4, P),
         )
         table.append(measured_row(v, stage, got, pr, K, res))
+  return table
+
+
+def main(argv=None):
+  args = parse_args(argv)
+  logging.set_verbosity(logging.WARNING)
+  t0 = time.time()
+  out = report.Results(NAME, root=args.out)
+  variants = args.variants.split(",")
+  configs = {v: noise_anatomy.get_config(v) for v in variants}
+  if not args.replot:
+    table = measure_variants(args, configs, variants)
+    # every float at full precision: the replot reads exactly what was measured
+    paths.write_atomic(out.path(".json"), json.dumps(table, indent=1, default=float))
+  table = json.loads(paths.read_text(out.path(".json")))
 
   cols = [
       "variant",
@@ -197,7 +213,7 @@ def main(argv=None):
       "",
       *diff_lines,
       "",
-      f"Command: `{' '.join(['python'] + sys.argv)}`.",
+      f"Command: `{out.command(args.replot)}`.",
   ]
   out.table(
       show,
@@ -205,10 +221,6 @@ def main(argv=None):
       title="Noise anatomy: intra- vs inter-prompt gradient noise",
       notes="\n".join(notes),
   )
-  import json  # pylint: disable=import-outside-toplevel
-
-  with open(out.path(".json"), "w") as f:
-    json.dump(table, f, indent=1, default=float)
   k16 = [r for r in table if r["K"] == (16 if not args.quick else 4)]
   fig = plots.noise_decomposition(
       [f"{r['variant']}\n{r['stage']}" for r in k16],
@@ -220,6 +232,8 @@ def main(argv=None):
       stacked=True,
   )
   plots.save(fig, out.path(".png"))
+  if args.replot:  # the manifest stays the sweep's: its commit, command and wall time
+    return
   out.manifest(
       runs_root=args.root,
       config={v: c.to_dict() for v, c in configs.items()},

@@ -39,7 +39,7 @@ FLAGS = {
         "--replot",
         "--quick",
     ],
-    "noise_anatomy": ["--root", "--out", "--variants", "--batches", "--quick"],
+    "noise_anatomy": ["--root", "--out", "--variants", "--batches", "--replot", "--quick"],
     "drift_noise": [
         "--root",
         "--out",
@@ -57,6 +57,7 @@ FLAGS = {
         "--epochs",
         "--lr_scales",
         "--rounds",
+        "--replot",
         "--quick",
     ],
     "clipping_ablation": [
@@ -99,6 +100,7 @@ FLAGS = {
         "--modelled_seeds",
         "--modelled_ns",
         "--switch_ablation",
+        "--replot",
         "--quick",
     ],
     "adaptive_batch": [
@@ -256,9 +258,15 @@ CHAINS = {
                 "adaptive_wallclock.csv",
                 "adaptive_wallclock_runs.csv",
                 "adaptive_wallclock_curves.csv",
+                "adaptive_wallclock_traj.csv",
                 "adaptive_wallclock_n.png",
                 "manifest.json",
             ],
+        ),
+        (  # its tables and figures from the committed curves and trajectories alone
+            "adaptive_wallclock",
+            ["--replot", "--root={out}/no_runs"],
+            ["adaptive_wallclock.md", "adaptive_wallclock_n.png"],
         ),
     ],
     # independent of the batch-size sweeps: a second test, so xdist runs the two at once
@@ -268,6 +276,7 @@ CHAINS = {
             [],
             ["noise_anatomy.md", "noise_anatomy.csv", "noise_anatomy.png", "manifest.json"],
         ),
+        ("noise_anatomy", ["--replot", "--root={out}/no_runs"], ["noise_anatomy.md"]),
         (  # the regime design: two variants (epochs 1 and 2), the reuse design's code
             "drift_noise",
             ["--design=regime"],
@@ -286,8 +295,15 @@ CHAINS = {
         (
             "drift_regime",
             ["--root={out}/runs_drift_noise"],
-            ["drift_regime.md", "drift_regime.csv", "drift_regime.png", "manifest.json"],
+            [
+                "drift_regime.md",
+                "drift_regime.csv",
+                "drift_regime_runs.json",
+                "drift_regime.png",
+                "manifest.json",
+            ],
         ),
+        ("drift_regime", ["--replot", "--root={out}/no_runs"], ["drift_regime.md"]),
         (
             "clipping_ablation",
             ["--variants=clip0.2,clip10", "--epochs=2"],

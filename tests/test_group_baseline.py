@@ -3,6 +3,8 @@
 per-rollout policy gradients with group-centred advantages, on a softmax
 policy with shared parameters whose exact moments are enumerated."""
 
+import os
+
 import numpy as np
 import pytest
 
@@ -94,3 +96,15 @@ def test_k_dependence_reads_the_committed_traces_and_writes_its_verdicts(tmp_pat
   rows = [l for l in text.splitlines() if l.startswith("| SFT base |") or l.startswith("| end |")]
   assert len(rows) == 2 and all(("fits" in r) or ("misfits" in r) for r in rows)
   assert "lack-of-fit p" in text and "Command: `python experiments/k_dependence.py" in text
+  # the committed verdicts are what the committed measurements give (the command line aside)
+  committed = os.path.join(
+      os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+      "experiments",
+      "results",
+      "noise_anatomy",
+  )
+  with open(os.path.join(committed, "k_dependence.json"), "rb") as f:
+    assert (tmp_path / "k_dependence.json").read_bytes() == f.read()
+  with open(os.path.join(committed, "k_dependence.md")) as f:
+    want = [l for l in f.read().splitlines() if not l.startswith("Command:")]
+  assert [l for l in text.splitlines() if not l.startswith("Command:")] == want

@@ -30,6 +30,14 @@ STUDIES = [
     ("lr_envelope", ["--arm=off8"], "lr_envelope_off8", ["lr_envelope"]),
     ("lr_envelope", ["--arm=warmup5"], "lr_envelope_warmup5", ["lr_envelope"]),
     ("noise_length", [], "noise_length", []),
+    ("noise_anatomy", ["--variants=mixed,homog,steps"], "noise_anatomy", []),
+    (
+        "drift_regime",
+        ["--epochs=1,2,4,8", "--lr_scales=1,2,4,16"],
+        "drift_regime",
+        [],
+    ),
+    ("adaptive_wallclock", [], "adaptive_wallclock", []),
     # the first design's studies, from their committed curves (study_report.save_records)
     ("batch_law_on_policy", ["--tune"], "batch_law_on_policy", []),
     ("batch_law_off_policy", [], "batch_law_off_policy", []),
