@@ -15,7 +15,9 @@ run from one SFT base (``<root>/sft_base``, the on-policy study's recipe):
   t(N) the round times measured on this machine with a calibration at
   start), Adam's second moment rescaled and the lr ramped on a switch;
 * fixed best -- ``--best_n`` (default 128: the least time to 0.54 of the
-  on-policy study's N grid in ``experiments/results/adaptive_batch/``);
+  on-policy study's N grid in ``experiments/results/adaptive_batch/`` when
+  this study was designed; on a processor whose throughput peaks at 256
+  that is the default's N, and the arm shows what 128 costs there);
 * fixed default -- N = 256, the config default.
 
 Wall clock to a target: the seconds the run spent in its rounds (generation
