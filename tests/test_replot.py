@@ -93,3 +93,9 @@ def test_replot_rebuilds_the_committed_files_byte_for_byte(study, tmp_path):
       assert (out / folder / name).stat().st_mtime_ns > before[name], f"{name} not rewritten"
     with open(os.path.join(RESULTS, committed_as, name), "rb") as f:
       assert (out / folder / name).read_bytes() == f.read(), name
+
+
+def test_every_committed_results_folder_is_rebuilt_above():
+  """A study added without --replot (or a folder without its test) fails here."""
+  folders = {d for d in os.listdir(RESULTS) if os.path.isdir(os.path.join(RESULTS, d))}
+  assert folders == {s[2] for s in STUDIES}
