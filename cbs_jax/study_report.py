@@ -41,9 +41,14 @@ def save_records(
   dict of equal-length arrays; the curve: rounds, optimizer steps,
   rollouts and held-out pass at each evaluation), each line carrying the
   group, the record's ``keys`` and ``SUMMARY_KEYS`` of its summary (as
-  ``summary.<key>``). Floats at ``report.stable``'s digits."""
+  ``summary.<key>``). Floats at ``report.stable``'s digits. A record is
+  its (group, name): a name twice in one group is an error."""
   rows = []
   for group, recs in groups.items():
+    names = [r.get("name") for r in recs]
+    if len(set(names)) != len(names):
+      dup = sorted({n for n in names if names.count(n) > 1}, key=str)
+      raise ValueError(f"group {group!r} names runs {dup} more than once")
     for r in recs:
       meta = {"group": group, **{k: r.get(k) for k in keys}}
       summ = r.get("summary") or {}
@@ -67,16 +72,17 @@ def load_records(
   if not paths.exists(path):
     raise FileNotFoundError(f"{path}: no committed records to replot (run the study first)")
   fixed = {"group", *keys, *(f"summary.{k}" for k in SUMMARY_KEYS)}
-  groups: dict = {}
+  groups: dict = {}  # group -> {name: record}, in the order first written
   for row in report.read_rows(path):
-    recs = groups.setdefault(row["group"], [])
-    if not recs or recs[-1]["name"] != row["name"]:
-      rec = {k: _flag(row[k]) for k in keys}
+    recs = groups.setdefault(row["group"], {})
+    rec = recs.get(row["name"])
+    if rec is None:
+      rec = recs[row["name"]] = {k: _flag(row[k]) for k in keys}
       rec["summary"] = {k: _flag(row[f"summary.{k}"]) for k in SUMMARY_KEYS}
       rec[series] = {k: [] for k in row if k not in fixed}
-      recs.append(rec)
-    for k, v in recs[-1][series].items():
+    for k, v in rec[series].items():
       v.append(float(row[k]))
+  groups = {g: list(recs.values()) for g, recs in groups.items()}
   for recs in groups.values():
     for r in recs:
       r[series] = {k: np.asarray(v, np.float64) for k, v in r[series].items()}

@@ -2,10 +2,9 @@
 
 * ``parser`` / ``parse``: the study scripts' command line (--root,
   --on_root, --out, --workers, --quick, --replot) and where --quick puts
-  things. The
-  on-policy study's sweep root, which the other studies read back, is the
-  default of --on_root here and nowhere else in the library: a script
-  passes ``args.on_root`` to whatever reads it.
+  things. The on-policy study's sweep root, which the other studies read
+  back, is the default of --on_root here and nowhere else in the library:
+  a script passes ``args.on_root`` to whatever reads it.
 * ``run_on_grid``: one run that evaluates only on a grid of rollouts.
 * ``records``: a study's per-run records, made from its runs and committed
   (``study_report.save_records``), or with --replot read from the

@@ -146,6 +146,25 @@ def test_records_of_another_series_keep_nan_and_inf(tmp_path):
   np.testing.assert_array_equal(got["traj"]["hi"], [math.inf, 9.0])
 
 
+def test_records_are_keyed_by_group_and_name(tmp_path):
+  """Rows of two runs interleaved in the file still make two records, each
+  with its own curve in file order; a name twice in one group is refused."""
+  out = report.Results("study", root=str(tmp_path))
+  study_report.save_records(
+      out, {"g": [_record("a", 16, 0, None, [0.1, 0.2]), _record("b", 16, 1, None, [0.3, 0.4])]}
+  )
+  path = out.path(study_report.RECORDS)
+  head, *lines = open(path).read().splitlines()
+  with open(path, "w") as f:  # a, b, a, b
+    f.write("\n".join([head, lines[0], lines[2], lines[1], lines[3]]) + "\n")
+  a, b = study_report.load_records(out)["g"]
+  assert (a["name"], b["name"]) == ("a", "b")
+  np.testing.assert_array_equal(a["curve"]["value"], [0.1, 0.2])
+  np.testing.assert_array_equal(b["curve"]["value"], [0.3, 0.4])
+  with pytest.raises(ValueError, match=r"'g' names runs \['a'\]"):
+    study_report.save_records(out, {"g": [_record("a", 16, 0, None, [0.1])] * 2})
+
+
 def test_load_records_names_the_missing_file(tmp_path):
   out = report.Results("study", root=str(tmp_path))
   with pytest.raises(FileNotFoundError, match="study_curves.csv: no committed records"):
