@@ -37,6 +37,10 @@ read's bytes/s, both measured in this run (``probes.MatmulProbe``,
 tokens/s / the roofline's tokens/s. The last line is
 
     RESULT tokens_per_s=<cached, batch 1024> speedup_vs_recompute=<at batch 1024> decode_vs_roofline=<at batch 1024>
+
+``--profile`` traces two more calls of the cached sampler at the largest
+batch and prints where their time went, by kind of XLA op
+(``cbs_jax.op_profile``): which ops keep decode from its roofline.
 """
 
 from __future__ import annotations
@@ -50,6 +54,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from cbs_jax import model as model_lib
+from cbs_jax import op_profile
 from cbs_jax import probes as probes_lib
 from cbs_jax import sampling
 from cbs_jax import scoring
@@ -97,7 +102,7 @@ def timed(fn):
   return time.perf_counter() - t, out
 
 
-def main():
+def main(argv=None):
   ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   ap.add_argument("--batches", default="64,256,1024", help="comma-separated batch sizes")
   ap.add_argument("--new_tokens", type=int, default=48)
@@ -118,8 +123,13 @@ def main():
       choices=sorted(model_lib.DTYPES),
       help="compute dtype of the model and of the matmul probe",
   )
+  ap.add_argument(
+      "--profile",
+      action="store_true",
+      help="also trace 2 calls at the largest batch and print their time by XLA op kind",
+  )
   ap.add_argument("--quick", action="store_true", help="batches 16,64, one run each")
-  args = ap.parse_args()
+  args = ap.parse_args(argv)
   if args.quick:
     args.batches, args.runs, args.naive_runs = "16,64", 1, 1
   batches = [int(b) for b in args.batches.split(",")]
@@ -252,6 +262,13 @@ def main():
   )
   print(f"tokens/s rising with batch: {all(a['tok'] < b['tok'] for a, b in zip(rows, rows[1:]))}")
   last = rows[-1]
+  if args.profile:
+    prof = op_profile.profile(arms[f"cached {last['B']}"], calls=2)
+    print(
+        f"where the time goes at batch {last['B']} (2 traced calls, {prof['wall_s'] * 1e3:.0f} "
+        "ms each; concurrent ops share the time they overlap):"
+    )
+    print(op_profile.format_table(prof))
   print(
       f"RESULT tokens_per_s={last['tok']:.1f} speedup_vs_recompute={last['speedup']:.3f} "
       f"decode_vs_roofline={last['vs_roof']:.3f}"

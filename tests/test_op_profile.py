@@ -1,0 +1,96 @@
+"""op_profile: op kinds from trace names, the time split among concurrent ops
+(against a fine grid counted by hand), and a real traced call."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from cbs_jax import op_profile
+from tests import experiment_scripts
+
+
+@pytest.mark.parametrize(
+    "name, want",
+    [
+        ("dot.1240", "dot"),
+        ("ynn_fusion.121", "ynn_fusion"),
+        ("bitcast_dynamic-update-slice_fusion.15", "bitcast_dynamic-update-slice_fusion"),
+        ("fusion.3.1", "fusion"),
+        ("custom-call.7", "custom-call"),
+        ("copy", "copy"),
+        ("while.391", None),
+        ("conditional.2", None),
+        ("call.5", None),
+        ("end: ynn_fusion", None),
+        ("$api.py:2479 block_until_ready", None),
+        ("ThunkExecutor::Execute", None),
+        ("SlinkyThreadPool::Await", None),
+        ("PjitFunction(jit(sampler))", None),
+    ],
+)
+def test_kind_of_a_trace_name(name, want):
+  assert op_profile.kind(name) == want
+
+
+def _on_grid(events, step=1e-3):
+  """The same split, by hand: at each grid point's midpoint, count the
+  intervals covering it and give each 1/count of the step."""
+  lo = min(s for s, _, _ in events)
+  hi = max(e for _, e, _ in events)
+  out = {}
+  for t in np.arange(lo, hi, step) + step / 2:
+    cover = [k for s, e, k in events if s <= t < e]
+    for k in cover:
+      out[k] = out.get(k, 0.0) + step / len(cover)
+  return out
+
+
+def test_attribute_shares_overlapping_time_equally():
+  # a on two threads at once, b beside it, a gap with nothing, c alone
+  events = [(0.0, 0.4, "a"), (0.1, 0.3, "a"), (0.2, 0.6, "b"), (0.8, 1.0, "c")]
+  got = op_profile.attribute(events)
+  # by hand: [0,.1) a; [.1,.2) a,a; [.2,.3) a,a,b; [.3,.4) a,b; [.4,.6) b; [.8,1) c
+  assert got["a"] == pytest.approx(0.1 + 0.1 + 0.2 / 3 + 0.05)
+  assert got["b"] == pytest.approx(0.1 / 3 + 0.05 + 0.2)
+  assert got["c"] == pytest.approx(0.2)
+  assert sum(got.values()) == pytest.approx(0.8)  # the time some op ran
+
+
+def test_attribute_matches_a_fine_grid_on_random_intervals():
+  rng = np.random.default_rng(0)
+  starts = rng.integers(0, 200, 40) / 100
+  events = [
+      (float(s), float(s + rng.integers(1, 60) / 100), str(k))
+      for s, k in zip(starts, rng.integers(0, 4, 40))
+  ]
+  got, want = op_profile.attribute(events), _on_grid(events)
+  assert set(got) == set(want)
+  for k in want:
+    assert got[k] == pytest.approx(want[k], abs=1e-6)
+
+
+def test_profile_of_a_real_call():
+  a = jnp.ones((512, 512))
+  f = jax.jit(lambda a: jnp.sin(a @ a) @ a)
+  jax.block_until_ready(f(a))
+  prof = op_profile.profile(lambda: f(a), calls=2)
+  assert prof["kinds"], "no op traced"
+  assert all(v > 0 for v in prof["kinds"].values())
+  assert list(prof["kinds"].values()) == sorted(prof["kinds"].values(), reverse=True)
+  assert prof["busy_s"] == pytest.approx(sum(prof["kinds"].values()))
+  # the ops ran inside the timed calls: their time is most of the wall time, not more
+  assert 0.2 * prof["wall_s"] < prof["busy_s"] < 1.05 * prof["wall_s"]
+  table = op_profile.format_table(prof, top=1)
+  assert "(idle: no op running)" in table and next(iter(prof["kinds"])) in table
+
+
+@pytest.mark.slow
+def test_bench_sampler_quick_profile_says_where_the_time_goes(capsys):
+  experiment_scripts.load("bench_sampler").main(["--quick", "--profile"])
+  out = capsys.readouterr().out
+  assert "where the time goes at batch 64" in out
+  table = out.split("where the time goes")[1].splitlines()[1:]
+  shares = [float(l.split()[-1].rstrip("%")) for l in table if l.strip().endswith("%")]
+  assert len(shares) >= 2 and sum(shares) <= 105  # kinds + idle: the wall time, once
+  assert out.strip().splitlines()[-1].startswith("RESULT tokens_per_s=")
