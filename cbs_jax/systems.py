@@ -725,7 +725,8 @@ def generation_roofline(
   (batch x completion_len generated tokens / seconds), ``flops_per_token``
   and ``bytes_per_step`` (generation FLOPs / tokens, bytes / (1 + decode
   steps): weights + the KV cache actually attended, the cache written by the
-  prefill), and ``bound`` ("compute" / "memory" / "mixed" over the steps)."""
+  prefill), ``bound`` ("compute" / "memory" / "mixed" over the steps), and
+  ``flops`` / ``bytes``: the call's totals."""
   r = round_time(model, accelerator, batch, prompt_len, completion_len, **kw)
   tokens = batch * completion_len
   bound = (
@@ -743,4 +744,6 @@ def generation_roofline(
       bound=bound,
       prefill_s=r.prefill_s,
       decode_s=r.decode_s,
+      flops=r.gen_flops,
+      bytes=r.gen_bytes,
   )

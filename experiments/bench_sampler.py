@@ -34,7 +34,12 @@ Roofline (``systems.generation_roofline``): FLOPs per generated token
 positions at step t), against a float32 2048^2 matmul's FLOP/s and a 256 MiB
 read's bytes/s, both measured in this run (``probes.MatmulProbe``,
 ``probes.BandwidthProbe``, medians). ``decode_vs_roofline`` = achieved
-tokens/s / the roofline's tokens/s. The last line is
+tokens/s / the roofline's tokens/s. The roofline lets compute and memory
+traffic overlap (each step takes the longer of the two); column ``serial``
+is the fraction of it that a machine reaches if it runs the ops one after
+another, each at the probes' rate -- the call's FLOPs at the matmul's FLOP/s
+plus its bytes at the read's bytes/s (XLA's CPU runtime runs a step's
+compute-bound matmuls and memory-bound attention in turn). The last line is
 
     RESULT tokens_per_s=<cached, batch 1024> speedup_vs_recompute=<at batch 1024> decode_vs_roofline=<at batch 1024>
 
@@ -233,6 +238,8 @@ def main(argv=None):
             speedup=tok_c / tok_n,
             roof=roof["tokens_per_s"],
             vs_roof=tok_c / roof["tokens_per_s"],
+            # ops one after another at the probes' rates: FLOPs, then bytes
+            serial=roof["seconds"] / (roof["flops"] / flops + roof["bytes"] / band),
             fpt=roof["flops_per_token"],
             bps=roof["bytes_per_step"],
             bound=roof["bound"],
@@ -245,16 +252,21 @@ def main(argv=None):
   print()
   print(
       f"{'batch':>6} {'tok/s':>9} {'naive':>8} {'speedup':>8} {'roofline':>9} "
-      f"{'vs roof':>8} {'MFLOP/tok':>10} {'MB/step':>8} {'bound':>8} {'ms/call':>8} "
-      f"{'same tok':>9} {'max|dlogp|':>10}"
+      f"{'vs roof':>8} {'serial':>7} {'MFLOP/tok':>10} {'MB/step':>8} {'bound':>8} "
+      f"{'ms/call':>8} {'same tok':>9} {'max|dlogp|':>10}"
   )
   for r in rows:
     print(
         f"{r['B']:>6} {r['tok']:>9,.0f} {r['naive']:>8,.0f} {r['speedup']:>8.2f} "
-        f"{r['roof']:>9,.0f} {r['vs_roof']:>8.3f} {r['fpt'] / 1e6:>10.3f} "
+        f"{r['roof']:>9,.0f} {r['vs_roof']:>8.3f} {r['serial']:>7.3f} {r['fpt'] / 1e6:>10.3f} "
         f"{r['bps'] / 1e6:>8.1f} {r['bound']:>8} {r['ms']:>8.1f} {r['same']:>9.4f} "
         f"{r['lpd']:>10.1e}"
     )
+  print(
+      "serial: the fraction of the roofline a machine reaches that runs the ops one after "
+      "another, each at the probes' rate (compute-bound matmuls, then memory-bound "
+      "attention: their times add instead of overlapping)"
+  )
   g = med[f"generate {B0}"]
   print(
       f"host work per call: generate {g * 1e3:.1f} ms vs make_sampler "

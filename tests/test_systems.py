@@ -257,6 +257,8 @@ def test_generation_roofline_by_hand():
   assert r["tokens_per_s"] == pytest.approx(B * Tc / secs)
   assert r["flops_per_token"] == pytest.approx((pf_f + st_f.sum()) / (B * Tc))
   assert r["bytes_per_step"] == pytest.approx((pf_b + st_b.sum()) / Tc)
+  assert r["flops"] == pytest.approx(pf_f + st_f.sum())
+  assert r["bytes"] == pytest.approx(pf_b + st_b.sum())
   # the ridge (10 FLOP/byte) sits inside the decode: early steps are
   # compute-bound (2 A per token vs a short cache), the last ones memory-bound
   n_compute = int((st_f / peak >= st_b / bw).sum())
