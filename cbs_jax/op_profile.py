@@ -7,6 +7,8 @@ and ``attribute`` splits the traced time among the ops that ran:
 
 * an op's *kind* is its name without the instance number XLA appends
   (``dot.1240`` -> ``dot``, ``ynn_fusion.121`` -> ``ynn_fusion``);
+* on an accelerator only the device's events count (its kernels), on a CPU
+  the host threads' (where XLA runs the ops);
 * the runtime's own events are left out: Python frames (``$...``), end
   markers (``end: ...``), C++ runtime scopes (names with ``::``: thread-pool
   waits, the thunk executor), the jit entry (``PjitFunction(...)``) and
@@ -69,12 +71,24 @@ def attribute(events) -> dict:
 
 
 def trace_events(path: str):
-  """``(start_s, end_s, kind)`` of every op event in a Perfetto JSON trace."""
+  """``(start_s, end_s, kind)`` of every op event in a Perfetto JSON trace.
+  Where the trace has device processes (``/device:GPU:0``, ``/device:TPU:0``:
+  the kernels an accelerator ran), only their events count, not the host's
+  launches; on a CPU the ops run on host threads and every process counts."""
   with gzip.open(path) as f:
     trace = json.load(f)
   events = trace["traceEvents"] if isinstance(trace, dict) else trace
+  devices = {
+      e.get("pid")
+      for e in events
+      if e.get("ph") == "M"
+      and e.get("name") == "process_name"
+      and str(e.get("args", {}).get("name", "")).startswith("/device:")
+  }
   out = []
   for e in events:
+    if devices and e.get("pid") not in devices:
+      continue
     k = kind(e.get("name", "")) if e.get("ph") == "X" else None
     if k is not None:
       t = float(e["ts"]) * 1e-6

@@ -17,7 +17,8 @@ model in float32 as in the CPU benchmark):
    a short SFT base first) with the 25M shape: the whole trainer end to end on
    the device; seconds per round (median) and rollouts/s from its metrics.
 2. ``sampler_1m``: ``bench_sampler.py`` at B = 64 / 256 / 1,024 (its RESULT:
-   tokens/s, speed-up over recompute, fraction of the decode roofline).
+   tokens/s, speed-up over recompute, fraction of the decode roofline), with
+   ``--profile``: the device time of the largest batch by kernel kind.
 3. ``update``: ``bench_scale.py`` at quickstart, 1m, 25m and Qwen2.5-0.5B
    shapes (MFU of the RL update against a matmul timed in the same run).
 4. ``noise_quickstart``: ``bench_noise.py`` at the quickstart shape (split
@@ -90,14 +91,14 @@ def steps(out: str, quick: bool) -> list[tuple[str, list[str], float]]:
     ]
   return [
       ("grpo_25m", grpo_command(os.path.join(out, "grpo_25m"), False), 0.22),
-      ("sampler_1m", _bench("bench_sampler.py", "--runs=5"), 0.1),
+      ("sampler_1m", _bench("bench_sampler.py", "--runs=5", "--profile"), 0.1),
       (
           "update",
           _bench("bench_scale.py", bf, "--repeats=5", "--cases=quickstart,1m,25m,qwen2.5-0.5b"),
           0.12,
       ),
       ("noise_quickstart", _bench("bench_noise.py", "--repeats=7"), 0.1),
-      ("sampler_25m", _bench("bench_sampler.py", "--model=25m", bf, "--runs=3"), 0.1),
+      ("sampler_25m", _bench("bench_sampler.py", "--model=25m", bf, "--runs=3", "--profile"), 0.1),
       (
           "sampler_qwen",
           _bench("bench_sampler.py", "--model=qwen2.5-0.5b", bf, "--runs=3", "--batches=64,256"),

@@ -1,6 +1,9 @@
 """op_profile: op kinds from trace names, the time split among concurrent ops
 (against a fine grid counted by hand), and a real traced call."""
 
+import gzip
+import json
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -68,6 +71,31 @@ def test_attribute_matches_a_fine_grid_on_random_intervals():
   assert set(got) == set(want)
   for k in want:
     assert got[k] == pytest.approx(want[k], abs=1e-6)
+
+
+def _write_trace(path, processes, events):
+  meta = [
+      dict(ph="M", pid=pid, name="process_name", args=dict(name=name))
+      for pid, name in processes.items()
+  ]
+  with gzip.open(path, "wt") as f:
+    json.dump(dict(traceEvents=meta + events), f)
+
+
+def test_trace_events_keep_the_device_kernels_where_there_are_any(tmp_path):
+  ev = lambda pid, name, ts, dur: dict(ph="X", pid=pid, tid=1, name=name, ts=ts, dur=dur)
+  host = [ev(1, "cuLaunchKernel", 0, 5), ev(1, "$api.py block_until_ready", 0, 900)]
+  kernels = [ev(7, "fusion.3", 10, 100), ev(7, "end: fusion", 110, 0), ev(7, "dot.2", 200, 50)]
+  path = str(tmp_path / "gpu.json.gz")
+  _write_trace(path, {1: "/host:CPU", 7: "/device:GPU:0"}, host + kernels)
+  got = op_profile.trace_events(path)
+  assert [k for _, _, k in got] == ["fusion", "dot"]
+  assert [t for s, e, _ in got for t in (s, e)] == pytest.approx([10e-6, 110e-6, 200e-6, 250e-6])
+  # a CPU trace: the host threads run the ops, and count
+  path = str(tmp_path / "cpu.json.gz")
+  _write_trace(path, {1: "/host:CPU"}, [ev(1, "dot.9", 0, 20), ev(1, "while.1", 0, 30)])
+  ((s, e, k),) = op_profile.trace_events(path)
+  assert (s, k) == (0.0, "dot") and e == pytest.approx(20e-6)
 
 
 def test_profile_of_a_real_call():
