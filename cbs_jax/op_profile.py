@@ -8,7 +8,7 @@ and ``attribute`` splits the traced time among the ops that ran:
 * an op's *kind* is its name without the instance number XLA appends
   (``dot.1240`` -> ``dot``, ``ynn_fusion.121`` -> ``ynn_fusion``);
 * on an accelerator only the device's events count (its kernels), on a CPU
-  the host threads' (where XLA runs the ops);
+  the host threads' where XLA runs the ops, not those that run Python;
 * the runtime's own events are left out: Python frames (``$...``), end
   markers (``end: ...``), C++ runtime scopes (names with ``::``: thread-pool
   waits, the thunk executor), the jit entry (``PjitFunction(...)``) and
@@ -85,9 +85,16 @@ def trace_events(path: str):
       and e.get("name") == "process_name"
       and str(e.get("args", {}).get("name", "")).startswith("/device:")
   }
+  # threads that run Python (their frames are "$..." events): what they
+  # record (e.g. ``np.asarray(jax.Array)`` around a wait) is the caller's, not an op
+  python = {
+      (e.get("pid"), e.get("tid"))
+      for e in events
+      if e.get("ph") == "X" and str(e.get("name", "")).startswith("$")
+  }
   out = []
   for e in events:
-    if devices and e.get("pid") not in devices:
+    if devices and e.get("pid") not in devices or (e.get("pid"), e.get("tid")) in python:
       continue
     k = kind(e.get("name", "")) if e.get("ph") == "X" else None
     if k is not None:

@@ -92,8 +92,20 @@ def test_trace_events_keep_the_device_kernels_where_there_are_any(tmp_path):
   assert [k for _, _, k in got] == ["fusion", "dot"]
   assert [t for s, e, _ in got for t in (s, e)] == pytest.approx([10e-6, 110e-6, 200e-6, 250e-6])
   # a CPU trace: the host threads run the ops, and count
+  # (a thread running Python, tid 2 here, records "$" frames: it waits on
+  # the ops, and its annotations do not count)
   path = str(tmp_path / "cpu.json.gz")
-  _write_trace(path, {1: "/host:CPU"}, [ev(1, "dot.9", 0, 20), ev(1, "while.1", 0, 30)])
+  py = lambda name: dict(ev(1, name, 0, 40), tid=2)
+  _write_trace(
+      path,
+      {1: "/host:CPU"},
+      [
+          ev(1, "dot.9", 0, 20),
+          ev(1, "while.1", 0, 30),
+          py("$api.py:2479 device_get"),
+          py("np.asarray(jax.Array)"),
+      ],
+  )
   ((s, e, k),) = op_profile.trace_events(path)
   assert (s, k) == (0.0, "dot") and e == pytest.approx(20e-6)
 
