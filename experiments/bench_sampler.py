@@ -43,6 +43,11 @@ compute-bound matmuls and memory-bound attention in turn). The last line is
 
     RESULT tokens_per_s=<cached, batch 1024> speedup_vs_recompute=<at batch 1024> decode_vs_roofline=<at batch 1024>
 
+``--xla_option NAME=VALUE`` (repeatable) compiles the cached and naive arms
+with that XLA compiler option (e.g. ``xla_cpu_experimental_ynn_fusion_type=``:
+no YNNPACK library fusions on a CPU); the generate arm, compiled with the
+defaults, is left out then.
+
 ``--profile`` traces two more calls of the cached sampler at the largest
 batch and prints where their time went, by kind of XLA op
 (``cbs_jax.op_profile``): which ops keep decode from its roofline.
@@ -129,6 +134,14 @@ def main(argv=None):
       help="compute dtype of the model and of the matmul probe",
   )
   ap.add_argument(
+      "--xla_option",
+      action="append",
+      default=[],
+      metavar="NAME=VALUE",
+      help="an XLA compiler option for the sampler programs (repeatable), e.g. "
+      "xla_cpu_experimental_ynn_fusion_type= to compile without YNNPACK library fusions",
+  )
+  ap.add_argument(
       "--profile",
       action="store_true",
       help="also trace 2 calls at the largest batch and print their time by XLA op kind",
@@ -141,6 +154,10 @@ def main(argv=None):
   if not batches or min(batches) <= 0 or min(args.runs, args.naive_runs) <= 0:
     ap.error("--batches, --runs and --naive_runs must be positive")
   n_new, Tp = args.new_tokens, args.prompt_len
+  bad = [o for o in args.xla_option if "=" not in o]
+  if bad:
+    ap.error(f"--xla_option {bad[0]!r}: expected NAME=VALUE")
+  options = dict(o.split("=", 1) for o in args.xla_option)
 
   cfg = bench_config(args.model, args.dtype)
   cfg.max_len = Tp + n_new
@@ -154,7 +171,8 @@ def main(argv=None):
       f"device(s)), {jax.devices()[0].device_kind}; model {args.model}, {args.dtype}; params {model_lib.param_count(params):,} (active {dims.active_params:,}); "
       f"d_model {cfg.d_model}, layers {cfg.num_layers}, heads {cfg.num_heads}/"
       f"{cfg.num_kv_heads} kv, vocab {cfg.vocab_size}; prompt {Tp}, new tokens {n_new}; "
-      f"decode buckets {sampling.segment_bounds(n_new)}",
+      f"decode buckets {sampling.segment_bounds(n_new)}"
+      + (f"; XLA options {options}" if options else ""),
       flush=True,
   )
 
@@ -167,20 +185,21 @@ def main(argv=None):
     sampler = sampling.make_sampler(
         graphdef, max_new_tokens=n_new, eos_id=None, pad_id=PAD_ID, spec=scoring.SamplingSpec()
     )
-    cached = sampler.lower(params, prompts, pmask, key).compile()
+    cached = sampler.lower(params, prompts, pmask, key).compile(options)
     naive = naive_generate.lower(
         graphdef, params, prompts, pmask, key, max_new_tokens=n_new
-    ).compile()
+    ).compile(options)
     arms[f"cached {B}"] = functools.partial(cached, params, prompts, pmask, key)
     arms[f"naive {B}"] = functools.partial(naive, params, prompts, pmask, key)
     data[B] = (prompts, pmask, key)
   B0 = batches[0]
   host_kw = dict(max_new_tokens=n_new, eos_id=None, pad_id=PAD_ID, spec=scoring.SamplingSpec())
   np_prompts, np_mask = np.asarray(data[B0][0]), np.asarray(data[B0][1])
-  arms[f"generate {B0}"] = lambda: sampling.generate(
-      graphdef, params, np_prompts, np_mask, data[B0][2], **host_kw
-  )
-  jax.block_until_ready(arms[f"generate {B0}"]())  # compiles nothing new; warms the cache
+  if not options:  # generate's own program is compiled with the defaults
+    arms[f"generate {B0}"] = lambda: sampling.generate(
+        graphdef, params, np_prompts, np_mask, data[B0][2], **host_kw
+    )
+    jax.block_until_ready(arms[f"generate {B0}"]())  # compiles nothing new; warms the cache
   on_cpu = jax.devices()[0].platform == "cpu"
   mm_n = 2048 if on_cpu else 8192
   mm, bw = probes_lib.MatmulProbe(mm_n, args.dtype), probes_lib.BandwidthProbe(
@@ -267,11 +286,12 @@ def main(argv=None):
       "another, each at the probes' rate (compute-bound matmuls, then memory-bound "
       "attention: their times add instead of overlapping)"
   )
-  g = med[f"generate {B0}"]
-  print(
-      f"host work per call: generate {g * 1e3:.1f} ms vs make_sampler "
-      f"{med[f'cached {B0}'] * 1e3:.1f} ms at batch {B0}"
-  )
+  if not options:
+    g = med[f"generate {B0}"]
+    print(
+        f"host work per call: generate {g * 1e3:.1f} ms vs make_sampler "
+        f"{med[f'cached {B0}'] * 1e3:.1f} ms at batch {B0}"
+    )
   print(f"tokens/s rising with batch: {all(a['tok'] < b['tok'] for a, b in zip(rows, rows[1:]))}")
   last = rows[-1]
   if args.profile:

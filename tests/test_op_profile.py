@@ -127,10 +127,26 @@ def test_profile_of_a_real_call():
 
 @pytest.mark.slow
 def test_bench_sampler_quick_profile_says_where_the_time_goes(capsys):
-  experiment_scripts.load("bench_sampler").main(["--quick", "--profile"])
+  # with an XLA option too: the programs are compiled with it, and say so
+  option = "xla_cpu_experimental_ynn_fusion_type="
+  try:
+    experiment_scripts.load("bench_sampler").main(["--quick", "--profile", "--xla_option", option])
+  except jax.errors.JaxRuntimeError as e:  # a jaxlib before YNNPACK (jax >= 0.6 allowed)
+    if "No such compile option" not in str(e):
+      raise
+    pytest.skip(f"this jaxlib has no {option[:-1]}")
   out = capsys.readouterr().out
+  assert "XLA options {'xla_cpu_experimental_ynn_fusion_type': ''}" in out
+  assert "ynn_fusion" not in out.split("where the time goes")[1]
+  assert "host work per call" not in out  # generate's program has the defaults
   assert "where the time goes at batch 64" in out
   table = out.split("where the time goes")[1].splitlines()[1:]
   shares = [float(l.split()[-1].rstrip("%")) for l in table if l.strip().endswith("%")]
   assert len(shares) >= 2 and sum(shares) <= 105  # kinds + idle: the wall time, once
   assert out.strip().splitlines()[-1].startswith("RESULT tokens_per_s=")
+
+
+def test_bench_sampler_names_a_malformed_xla_option(capsys):
+  with pytest.raises(SystemExit):
+    experiment_scripts.load("bench_sampler").main(["--quick", "--xla_option", "no_value"])
+  assert "--xla_option 'no_value': expected NAME=VALUE" in capsys.readouterr().err
