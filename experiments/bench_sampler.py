@@ -43,10 +43,13 @@ compute-bound matmuls and memory-bound attention in turn). The last line is
 
     RESULT tokens_per_s=<cached, batch 1024> speedup_vs_recompute=<at batch 1024> decode_vs_roofline=<at batch 1024>
 
-``--xla_option NAME=VALUE`` (repeatable) compiles the cached and naive arms
-with that XLA compiler option (e.g. ``xla_cpu_experimental_ynn_fusion_type=``:
-no YNNPACK library fusions on a CPU); the generate arm, compiled with the
-defaults, is left out then.
+followed, with ``--xla_option``, by ``option_speedup_b<B>=<x>`` for every batch.
+
+``--xla_option NAME=VALUE`` (repeatable) adds an arm per batch: the cached
+sampler compiled with those XLA compiler options (e.g.
+``xla_cpu_experimental_ynn_fusion_type=``: no YNNPACK library fusions on a
+CPU), timed in the same runs, and prints its speed-up over the default
+compile and the fraction of the roofline it reaches.
 
 ``--profile`` traces two more calls of the cached sampler at the largest
 batch and prints where their time went, by kind of XLA op
@@ -138,8 +141,9 @@ def main(argv=None):
       action="append",
       default=[],
       metavar="NAME=VALUE",
-      help="an XLA compiler option for the sampler programs (repeatable), e.g. "
-      "xla_cpu_experimental_ynn_fusion_type= to compile without YNNPACK library fusions",
+      help="also time the cached sampler compiled with this XLA compiler option (repeatable), "
+      "in the same runs, e.g. xla_cpu_experimental_ynn_fusion_type= (no YNNPACK library "
+      "fusions on a CPU)",
   )
   ap.add_argument(
       "--profile",
@@ -172,7 +176,7 @@ def main(argv=None):
       f"d_model {cfg.d_model}, layers {cfg.num_layers}, heads {cfg.num_heads}/"
       f"{cfg.num_kv_heads} kv, vocab {cfg.vocab_size}; prompt {Tp}, new tokens {n_new}; "
       f"decode buckets {sampling.segment_bounds(n_new)}"
-      + (f"; XLA options {options}" if options else ""),
+      + (f"; also compiled with XLA options {options}" if options else ""),
       flush=True,
   )
 
@@ -185,21 +189,23 @@ def main(argv=None):
     sampler = sampling.make_sampler(
         graphdef, max_new_tokens=n_new, eos_id=None, pad_id=PAD_ID, spec=scoring.SamplingSpec()
     )
-    cached = sampler.lower(params, prompts, pmask, key).compile(options)
+    lowered = sampler.lower(params, prompts, pmask, key)
+    cached = lowered.compile()
     naive = naive_generate.lower(
         graphdef, params, prompts, pmask, key, max_new_tokens=n_new
-    ).compile(options)
+    ).compile()
     arms[f"cached {B}"] = functools.partial(cached, params, prompts, pmask, key)
     arms[f"naive {B}"] = functools.partial(naive, params, prompts, pmask, key)
+    if options:
+      arms[f"option {B}"] = functools.partial(lowered.compile(options), params, prompts, pmask, key)
     data[B] = (prompts, pmask, key)
   B0 = batches[0]
   host_kw = dict(max_new_tokens=n_new, eos_id=None, pad_id=PAD_ID, spec=scoring.SamplingSpec())
   np_prompts, np_mask = np.asarray(data[B0][0]), np.asarray(data[B0][1])
-  if not options:  # generate's own program is compiled with the defaults
-    arms[f"generate {B0}"] = lambda: sampling.generate(
-        graphdef, params, np_prompts, np_mask, data[B0][2], **host_kw
-    )
-    jax.block_until_ready(arms[f"generate {B0}"]())  # compiles nothing new; warms the cache
+  arms[f"generate {B0}"] = lambda: sampling.generate(
+      graphdef, params, np_prompts, np_mask, data[B0][2], **host_kw
+  )
+  jax.block_until_ready(arms[f"generate {B0}"]())  # compiles nothing new; warms the cache
   on_cpu = jax.devices()[0].platform == "cpu"
   mm_n = 2048 if on_cpu else 8192
   mm, bw = probes_lib.MatmulProbe(mm_n, args.dtype), probes_lib.BandwidthProbe(
@@ -286,12 +292,22 @@ def main(argv=None):
       "another, each at the probes' rate (compute-bound matmuls, then memory-bound "
       "attention: their times add instead of overlapping)"
   )
-  if not options:
-    g = med[f"generate {B0}"]
-    print(
-        f"host work per call: generate {g * 1e3:.1f} ms vs make_sampler "
-        f"{med[f'cached {B0}'] * 1e3:.1f} ms at batch {B0}"
-    )
+  g = med[f"generate {B0}"]
+  print(
+      f"host work per call: generate {g * 1e3:.1f} ms vs make_sampler "
+      f"{med[f'cached {B0}'] * 1e3:.1f} ms at batch {B0}"
+  )
+  speedups = {}
+  if options:
+    for B in batches:
+      a, b = outs[f"cached {B}"], outs[f"option {B}"]
+      same = float(np.mean(np.asarray(a.tokens) == np.asarray(b.tokens)))
+      speedups[B] = med[f"cached {B}"] / med[f"option {B}"]
+      print(
+          f"compiled with {options}: batch {B}: {speedups[B]:.3f}x the default's tokens/s "
+          f"({med[f'option {B}'] * 1e3:.1f} vs {med[f'cached {B}'] * 1e3:.1f} ms), "
+          f"{speedups[B] * rows[batches.index(B)]['vs_roof']:.3f} of the roofline; same tokens {same:.4f}"
+      )
   print(f"tokens/s rising with batch: {all(a['tok'] < b['tok'] for a, b in zip(rows, rows[1:]))}")
   last = rows[-1]
   if args.profile:
@@ -308,6 +324,7 @@ def main(argv=None):
   print(
       f"RESULT tokens_per_s={last['tok']:.1f} speedup_vs_recompute={last['speedup']:.3f} "
       f"decode_vs_roofline={last['vs_roof']:.3f}"
+      + "".join(f" option_speedup_b{B}={x:.3f}" for B, x in speedups.items())
   )
 
 
