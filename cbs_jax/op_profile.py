@@ -73,18 +73,23 @@ def attribute(events) -> dict:
 def trace_events(path: str):
   """``(start_s, end_s, kind)`` of every op event in a Perfetto JSON trace.
   Where the trace has device processes (``/device:GPU:0``, ``/device:TPU:0``:
-  the kernels an accelerator ran), only their events count, not the host's
-  launches; on a CPU the ops run on host threads and every process counts."""
+  what an accelerator ran), only their events count, not the host's
+  launches, and of those, where a device has an "XLA Ops" line, only that
+  line (its other lines repeat the same time as kernels per stream, or as
+  whole programs: "XLA Modules"); on a CPU the ops run on host threads and
+  every process counts."""
   with gzip.open(path) as f:
     trace = json.load(f)
   events = trace["traceEvents"] if isinstance(trace, dict) else trace
-  devices = {
-      e.get("pid")
+  meta = lambda what: {
+      (e.get("pid"), e.get("tid")): str(e.get("args", {}).get("name", ""))
       for e in events
-      if e.get("ph") == "M"
-      and e.get("name") == "process_name"
-      and str(e.get("args", {}).get("name", "")).startswith("/device:")
+      if e.get("ph") == "M" and e.get("name") == what
   }
+  devices = {pid for (pid, _), name in meta("process_name").items() if name.startswith("/device:")}
+  lines = {key: name for key, name in meta("thread_name").items() if key[0] in devices}
+  op_lines = {key for key, name in lines.items() if name == "XLA Ops"}
+  skip_lines = {key for key, name in lines.items() if name == "XLA Modules"}
   # threads that run Python (their frames are "$..." events): what they
   # record (e.g. ``np.asarray(jax.Array)`` around a wait) is the caller's, not an op
   python = {
@@ -94,7 +99,10 @@ def trace_events(path: str):
   }
   out = []
   for e in events:
-    if devices and e.get("pid") not in devices or (e.get("pid"), e.get("tid")) in python:
+    line = (e.get("pid"), e.get("tid"))
+    if devices and line[0] not in devices or line in python or line in skip_lines:
+      continue
+    if op_lines and line not in op_lines:
       continue
     k = kind(e.get("name", "")) if e.get("ph") == "X" else None
     if k is not None:

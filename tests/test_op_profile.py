@@ -73,10 +73,14 @@ def test_attribute_matches_a_fine_grid_on_random_intervals():
     assert got[k] == pytest.approx(want[k], abs=1e-6)
 
 
-def _write_trace(path, processes, events):
+def _write_trace(path, processes, events, threads=None):
   meta = [
       dict(ph="M", pid=pid, name="process_name", args=dict(name=name))
       for pid, name in processes.items()
+  ]
+  meta += [
+      dict(ph="M", pid=pid, tid=tid, name="thread_name", args=dict(name=name))
+      for (pid, tid), name in (threads or {}).items()
   ]
   with gzip.open(path, "wt") as f:
     json.dump(dict(traceEvents=meta + events), f)
@@ -153,3 +157,31 @@ def test_bench_sampler_names_a_malformed_xla_option(capsys):
   with pytest.raises(SystemExit):
     experiment_scripts.load("bench_sampler").main(["--quick", "--xla_option", "no_value"])
   assert "--xla_option 'no_value': expected NAME=VALUE" in capsys.readouterr().err
+
+
+def test_trace_events_of_a_device_with_an_xla_ops_line_read_that_line_only(tmp_path):
+  """A device's "XLA Ops" line names the ops; its stream lines repeat the
+  same time as kernels and "XLA Modules" as whole programs: counted once."""
+  ev = lambda tid, name, ts, dur: dict(ph="X", pid=7, tid=tid, name=name, ts=ts, dur=dur)
+  path = str(tmp_path / "tpu.json.gz")
+  _write_trace(
+      path,
+      {1: "/host:CPU", 7: "/device:TPU:0"},
+      [
+          ev(1, "jit_step(12)", 0, 300),  # XLA Modules
+          ev(2, "fusion.3", 10, 100),  # XLA Ops
+          ev(2, "convolution.4", 150, 50),
+          ev(3, "loop_fusion_kernel", 10, 100),  # a stream's kernels
+      ],
+      threads={(7, 1): "XLA Modules", (7, 2): "XLA Ops", (7, 3): "Stream #14(Compute)"},
+  )
+  assert [k for _, _, k in op_profile.trace_events(path)] == ["fusion", "convolution"]
+  # without an "XLA Ops" line: every line of the device but "XLA Modules"
+  path = str(tmp_path / "gpu.json.gz")
+  _write_trace(
+      path,
+      {7: "/device:GPU:0"},
+      [ev(1, "jit_step(12)", 0, 300), ev(3, "loop_fusion_kernel", 10, 100)],
+      threads={(7, 1): "XLA Modules", (7, 3): "Stream #14(Compute)"},
+  )
+  assert [k for _, _, k in op_profile.trace_events(path)] == ["loop_fusion_kernel"]
