@@ -72,9 +72,9 @@ def load_records(
   if not paths.exists(path):
     raise FileNotFoundError(f"{path}: no committed records to replot (run the study first)")
   fixed = {"group", *keys, *(f"summary.{k}" for k in SUMMARY_KEYS)}
-  groups: dict = {}  # group -> {name: record}, in the order first written
+  by_name: dict = {}  # group -> {name: record}, in the order first written
   for row in report.read_rows(path):
-    recs = groups.setdefault(row["group"], {})
+    recs = by_name.setdefault(row["group"], {})
     rec = recs.get(row["name"])
     if rec is None:
       rec = recs[row["name"]] = {k: _flag(row[k]) for k in keys}
@@ -82,7 +82,7 @@ def load_records(
       rec[series] = {k: [] for k in row if k not in fixed}
     for k, v in rec[series].items():
       v.append(float(row[k]))
-  groups = {g: list(recs.values()) for g, recs in groups.items()}
+  groups = {g: list(recs.values()) for g, recs in by_name.items()}
   for recs in groups.values():
     for r in recs:
       r[series] = {k: np.asarray(v, np.float64) for k, v in r[series].items()}

@@ -299,14 +299,15 @@ def main(argv=None):
   )
   speedups = {}
   if options:
-    for B in batches:
+    for r in rows:
+      B = r["B"]
       a, b = outs[f"cached {B}"], outs[f"option {B}"]
       same = float(np.mean(np.asarray(a.tokens) == np.asarray(b.tokens)))
       speedups[B] = med[f"cached {B}"] / med[f"option {B}"]
       print(
           f"compiled with {options}: batch {B}: {speedups[B]:.3f}x the default's tokens/s "
           f"({med[f'option {B}'] * 1e3:.1f} vs {med[f'cached {B}'] * 1e3:.1f} ms), "
-          f"{speedups[B] * rows[batches.index(B)]['vs_roof']:.3f} of the roofline; same tokens {same:.4f}"
+          f"{speedups[B] * r['vs_roof']:.3f} of the roofline; same tokens {same:.4f}"
       )
   print(f"tokens/s rising with batch: {all(a['tok'] < b['tok'] for a, b in zip(rows, rows[1:]))}")
   last = rows[-1]

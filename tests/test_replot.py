@@ -25,7 +25,6 @@ STUDIES = [
         "clipping_ablation_e4",
         [],
     ),
-    # the envelope's time-to-target table reads the throughput benchmark's rates
     # the dual clip's own two-seed run, committed beside the three-variant one
     (
         "clipping_ablation",
@@ -34,6 +33,7 @@ STUDIES = [
         [],
         "clipping_ablation_e4",
     ),
+    # the envelope's time-to-target table reads the throughput benchmark's rates
     ("lr_envelope", [], "lr_envelope", ["throughput_decision"]),
     ("lr_envelope", ["--arm=off4"], "lr_envelope_off4", ["lr_envelope"]),
     ("lr_envelope", ["--arm=off8"], "lr_envelope_off8", ["lr_envelope"]),
