@@ -207,13 +207,16 @@ class Probes:
 
   def once(self) -> dict[str, float]:
     """Seconds of one call of every probe, each timed on its second call in
-    a row: the state a run's steady rounds see, where a program follows
-    itself. On the CPU a call that follows a program of another size can
-    run several times slower (the quickstart update at 256 rollouts: up to
-    ~10x after the 16,384-rollout probes; cbs_jax.host_memory), which no
-    round of a run at one batch size pays."""
+    a row, after the process has gone quiet (``probes.settle``): the state
+    a run's steady rounds see, where a program follows itself. On the CPU a
+    call that follows a larger program shares the cores with that
+    program's clean-up (the quickstart update at 256 rollouts: ~30 ms
+    instead of ~17 ms for ~0.3 s after a 16,384-rollout update;
+    docs/planner.md, "Host memory"), which no round of a run at one batch
+    size pays."""
     out = {}
     for name, fn in self.fns.items():
+      probes.settle()
       jax.block_until_ready(fn())
       out[name] = _timed(fn)
     return out

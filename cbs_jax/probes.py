@@ -11,6 +11,9 @@ table, and this module measures them on the machine at hand:
   read bandwidth with jax (one run, a few seconds) and returns them as a
   ``systems.Accelerator`` (``measured_accelerator``), so that a prediction
   for the current CPU is a measured number, not a spec sheet.
+* ``settle()`` waits until this process's background threads are idle, so
+  that a timed call does not share the cores with the clean-up of the
+  program before it (docs/planner.md, "Host memory").
 * ``accelerator(name)`` resolves every name a command line accepts:
   "cpu" (any case) is this machine, calibrated once per process; every
   other name is ``systems.get_accelerator``'s table.
@@ -71,6 +74,31 @@ class BandwidthProbe:
 
   def bandwidth(self, seconds: float) -> float:
     return self.nbytes / seconds
+
+
+def settle(max_s: float = 5.0, window_s: float = 0.02, busy: float = 0.1) -> float:
+  """Wait until this process's other threads are idle; returns the seconds waited.
+
+  The caller sleeps in windows of ``window_s`` and reads the process's CPU
+  time (every thread's, ``time.process_time``); once a window adds at most
+  ``busy * window_s`` (the process ran at most ``busy`` of one core while
+  its caller slept), nothing else of ours is running and it returns; after
+  ``max_s`` it returns anyway. What it waits for on the CPU: XLA hands a
+  program's largest temporary (above glibc's mmap threshold: 3.3 GiB for
+  the quickstart update at 16,384 rollouts) back to the kernel on a thread
+  of its own after the call has returned, ~0.3 s of system time on one
+  core; a program timed in that window shares the two cores with it
+  (docs/planner.md, "Host memory")."""
+  for name, v in (("max_s", max_s), ("window_s", window_s), ("busy", busy)):
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
+      raise ValueError(f"settle: {name} must be a positive number, got {v!r}")
+  start = time.perf_counter()
+  while True:
+    cpu = time.process_time()
+    time.sleep(window_s)
+    waited = time.perf_counter() - start
+    if time.process_time() - cpu <= busy * window_s or waited >= max_s:
+      return waited
 
 
 def _physical_memory() -> float:

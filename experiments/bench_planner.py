@@ -51,6 +51,7 @@ import numpy as np
 
 from cbs_jax import floors
 from cbs_jax import model as model_lib
+from cbs_jax import probes
 from cbs_jax import systems
 from cbs_jax import train
 from configs import default as default_cfg
@@ -93,7 +94,7 @@ def main(argv=None):
   # the probes span the N the planner is asked about (their efficiencies are
   # interpolated in log batch between them and held beyond the ends)
   ap.add_argument("--decode_batches", default="16,256,4096,16384")
-  ap.add_argument("--update_batches", default="64,1024,16384")
+  ap.add_argument("--update_batches", default="64,256,1024,16384")
   ap.add_argument("--out", default="", help="write the table as JSON here")
   ap.add_argument("--quick", action="store_true", help="N = 64, 256; small calibration, 3 repeats")
   args = ap.parse_args(argv)
@@ -119,8 +120,8 @@ def main(argv=None):
   if bad:
     ap.error(f"--ns: {bad} are not positive multiples of K = {K}")
   t = time.perf_counter()
-  probes = floors.Probes(config, dec_b, upd_b)
-  setup = probes.setup
+  calib = floors.Probes(config, dec_b, upd_b)
+  setup = calib.setup
   graphdef, params = model_lib.build(setup.model, seed=0)
   dims = systems.ModelDims.from_config(setup.model)
   Tp, Tc = setup.layout.prompt_len, setup.layout.completion_len
@@ -135,17 +136,20 @@ def main(argv=None):
   )
   # each N's rounds run back to back, as in a training run at that N, with
   # one set of calibration probes before each block, so that slow drift of
-  # the machine hits the probes and the rounds alike. Interleaving single
-  # rounds with the probes made this process's N = 256 update ~6x slower
-  # than in a run of its own (the probes' 16,384-rollout update ran between
-  # its calls; host_memory's docstring)
+  # the machine hits the probes and the rounds alike. Each block starts
+  # once the process is quiet (the probes' 16,384-rollout update is handed
+  # back to the kernel for ~0.3 s after it returns; docs/planner.md,
+  # "Host memory") with one untimed round, so its first timed round
+  # follows itself as in a run
   samples, parts = [], {n: [] for n in ns}
   for i, n in enumerate(ns):
-    samples.append(probes.once())
+    samples.append(calib.once())
+    probes.settle()
+    runs[n]()
     parts[n] = [runs[n]() for _ in range(args.repeats)]
     print(f"  N = {n} ({i + 1}/{len(ns)})", flush=True)
-  ov, raw = probes.fit(samples)
-  acc = probes.acc
+  ov, raw = calib.fit(samples)
+  acc = calib.acc
   print(f"roofline: {systems.describe(acc)}")
   print(
       f"overheads: decode step floor {ov.decode_step_s * 1e6:.1f} us, efficiency "
