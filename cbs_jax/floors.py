@@ -14,14 +14,15 @@ components (docs/planner.md, "Latency floors"):
 * ``update_step_s`` and ``train_efficiency``: one optimizer update
   (``train.RoundUpdater``, metrics read back) at a few batch sizes: ``floor
   + train_roofline(n) / efficiency``;
-* ``round_trip_s`` and ``host_per_rollout_s``: what a round pays outside
-  its sampler and its update, ``fixed + n * per_rollout``: trainer rounds
-  (``train.round_batch``: prompt sampling and encoding, transfers, the
-  sampler with EOS, decoding, verification, advantages) of a single prompt
-  (K rollouts) and of ``round_rollouts`` rollouts, each less the sampler
-  alone at its batch; the line through the two (``Probes.round_overheads``),
-  the fixed part at least a trivial jitted call read back (one host-device
-  round trip, also timed).
+* ``round_trip_s``: a round's fixed cost outside its steps and its
+  per-rollout host work: one trainer round of a single prompt
+  (``train.round_batch``, K rollouts: prompt sampling and encoding,
+  transfers, the sampler with EOS, decoding, verification, advantages)
+  less the sampler alone at the same batch and K rollouts' host work; at
+  least a trivial jitted call read back (one host-device round trip), also
+  timed;
+* ``host_per_rollout_s``: the host work of a rollout (``rollouts``' prompt
+  encoding, completion decoding and verification) over many rollouts.
 
 ``fit_floor`` solves each ``time = count * floor + roofline * (1 /
 efficiency)`` by non-negative least squares, weighting every point by its
@@ -51,6 +52,7 @@ from scipy import optimize
 
 from cbs_jax import model as model_lib
 from cbs_jax import probes
+from cbs_jax import rollouts
 from cbs_jax import run_setup
 from cbs_jax import sampling
 from cbs_jax import systems
@@ -132,14 +134,12 @@ class Probes:
       update_batches: Sequence[int] = (64, 2048),
       acc: systems.Accelerator | None = None,
       seed: int = 0,
-      round_rollouts: int = 3072,
+      host_rollouts: int = 4096,
   ):
     K = config.batch.rollouts_per_prompt
     bad = [n for n in update_batches if n % K]
     if bad:
       raise ValueError(f"update_batches {bad} are not multiples of K = {K}")
-    if round_rollouts % K or round_rollouts <= K:
-      raise ValueError(f"round_rollouts={round_rollouts} must be a multiple of K = {K} above K")
     if len(decode_batches) < 2 or len(update_batches) < 2:
       raise ValueError("give >= 2 decode_batches and >= 2 update_batches (a floor and a slope)")
     self.setup = setup = run_setup.prepare(config)
@@ -154,6 +154,15 @@ class Probes:
     self.fns["round_trip"] = lambda: jax.device_get(f(x))
 
     rng = np.random.default_rng(seed)
+    problems = setup.task.sample(rng, host_rollouts)
+    toks = rng.integers(0, setup.model.vocab_size, (host_rollouts, Tc))
+
+    def host():
+      rollouts.encode_prompts(setup.tok, problems, setup.layout)
+      rollouts.verify(setup.task, problems, rollouts.decode(setup.tok, toks))
+
+    self.fns["host"], self.host_rollouts = host, host_rollouts
+
     sampler = sampling.make_sampler(
         graphdef, max_new_tokens=Tc, eos_id=None, pad_id=setup.tok.pad_id, spec=setup.sampling
     )
@@ -163,21 +172,19 @@ class Probes:
       self.fns[f"decode@{b}"] = functools.partial(sampler, params, prompt, mask, key)
       self.points[f"decode@{b}"] = (Tc, systems.round_time(dims, self.acc, b, Tp, Tc).gen_s)
 
-    # rounds of one prompt and of round_rollouts, and the sampler alone at
-    # each batch: the differences are what a round pays besides its steps
-    # (round_overheads: round_trip_s, host_per_rollout_s)
-    self.round_batches = (K, round_rollouts)
-    for n in self.round_batches:
-      self.fns[f"round@{n}"] = functools.partial(
-          lambda P: train.round_batch(config, graphdef, params, params, setup, 0, P)[0], n // K
-      )
-      self.fns[f"sampler@{n}"] = functools.partial(
-          sampler,
-          params,
-          jnp.asarray(rng.integers(1, setup.model.vocab_size, (n, Tp)), jnp.int32),
-          jnp.ones((n, Tp), bool),
-          jax.random.key(n),
-      )
+    # one round of a single prompt, and the sampler alone at its batch: the
+    # difference is what a round pays besides its steps (fit: round_trip_s)
+    self.round_batch = K
+    self.fns[f"round@{K}"] = lambda: train.round_batch(
+        config, graphdef, params, params, setup, 0, 1
+    )[0]
+    self.fns[f"sampler@{K}"] = functools.partial(
+        sampler,
+        params,
+        jnp.asarray(rng.integers(1, setup.model.vocab_size, (K, Tp)), jnp.int32),
+        jnp.ones((K, Tp), bool),
+        jax.random.key(0),
+    )
 
     tx = train.make_optimizer(config.optim)
     for n in update_batches:
@@ -214,14 +221,14 @@ class Probes:
       out[name] = _timed(fn)
     return out
 
-  def round_overheads(self, med: dict) -> tuple[float, float]:
-    """``(fixed seconds, seconds per rollout)`` a round pays outside its
-    sampler and its update, from the medians of ``once()``: the line
-    through (n, round@n - sampler@n) at the two round batches; the slope
-    at least 0, the fixed part at least one round trip."""
-    (n0, d0), (n1, d1) = ((n, med[f"round@{n}"] - med[f"sampler@{n}"]) for n in self.round_batches)
-    per = max((d1 - d0) / (n1 - n0), 0.0)
-    return max(d0 - n0 * per, med["round_trip"]), per
+  def round_fixed_s(self, med: dict) -> float:
+    """A round's seconds outside its steps and its rollouts' host work,
+    from the medians of ``once()``: the single-prompt round less the
+    sampler at its batch and that many rollouts' host work, at least one
+    round trip."""
+    K = self.round_batch
+    host = K * med["host"] / self.host_rollouts
+    return max(med[f"round@{K}"] - med[f"sampler@{K}"] - host, med["round_trip"])
 
   def fit(self, samples: Sequence[dict]) -> tuple[systems.Overheads, dict]:
     """``Overheads`` from the medians of ``once()`` results, and the raw
@@ -233,12 +240,11 @@ class Probes:
     d_floor, d_eff = fit_floor(dec)
     u_floor, u_eff = fit_floor(upd)
     batch_of = lambda k: int(k.split("@")[1])
-    fixed, per_rollout = self.round_overheads(med)
     ov = systems.Overheads(
         decode_step_s=d_floor,
         update_step_s=u_floor,
-        round_trip_s=fixed,
-        host_per_rollout_s=per_rollout,
+        round_trip_s=self.round_fixed_s(med),
+        host_per_rollout_s=med["host"] / self.host_rollouts,
         decode_efficiency=d_eff,
         train_efficiency=u_eff,
         decode_efficiency_at=tuple(

@@ -468,9 +468,8 @@ class Overheads:
     update_step_s: floor of one optimizer update.
     round_trip_s: fixed seconds per round outside the steps: host-device
       round trips (dispatches, synchronisations, transfers).
-    host_per_rollout_s: a round's seconds per rollout outside the steps
-      (tokenising the prompt, decoding and verifying the completion,
-      transfers, advantages).
+    host_per_rollout_s: host work per rollout (tokenising the prompt,
+      decoding and verifying the completion).
     decode_efficiency: achieved fraction of the generation roofline (above
       1 only when the roofline's peak is itself a measured, beatable number).
     train_efficiency: achieved fraction of the update's compute roofline

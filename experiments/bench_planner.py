@@ -8,7 +8,7 @@ The planner's round time (``systems.round_time``) is the roofline plus
 round trips and host work per rollout, and the fraction of the roofline the
 kernels achieve. This script measures those overheads with their probes
 (``floors.calibrate``: the sampler and one update at a few batch sizes, a
-trivial round trip, rounds at two sizes), then times real rounds of the
+trivial round trip, the host's verification), then times real rounds of the
 quickstart config (``configs/default.py``, noise instruments off: what the
 planner models) at every N and sets the prediction beside the measurement,
 in one run:
@@ -24,11 +24,10 @@ in one run:
   calibrated overheads, and with none (the bare roofline, a lower bound) to
   show what the floors change.
 
-The calibration sees two rounds only, of a single prompt (K rollouts, below
-every N timed here) and of ``--round_rollouts`` (3,072: between the N timed
-here), for what a round pays outside its sampler and update
-(``floors.Probes.round_overheads``); it times the sampler (no EOS) and one
-update separately, at its own batch sizes (``--decode_batches``,
+The calibration sees one round only, of a single prompt (K rollouts, below
+every N timed here: a round's fixed cost, ``floors.Probes.round_fixed_s``);
+it times the sampler (no EOS), one update and the host's verification
+separately, at its own batch sizes (``--decode_batches``,
 ``--update_batches``); the efficiency each probe
 implies after the fitted floor is interpolated in log batch between the
 probes (``systems.Overheads.*_efficiency_at``), so the rounds at the N
@@ -96,12 +95,6 @@ def main(argv=None):
   # interpolated in log batch between them and held beyond the ends)
   ap.add_argument("--decode_batches", default="16,256,4096,16384")
   ap.add_argument("--update_batches", default="64,256,1024,16384")
-  ap.add_argument(
-      "--round_rollouts",
-      type=int,
-      default=3072,
-      help="rollouts of the larger calibration round (a multiple of K above K)",
-  )
   ap.add_argument("--out", default="", help="write the table as JSON here")
   ap.add_argument("--quick", action="store_true", help="N = 64, 256; small calibration, 3 repeats")
   args = ap.parse_args(argv)
@@ -109,12 +102,11 @@ def main(argv=None):
     # probe batches 16-32x apart and the median of 3: one slow call at a small
     # batch on a loaded machine (the test suite runs two at once) must not
     # leave the fit without a slope
-    args.ns, args.repeats, args.decode_batches, args.update_batches, args.round_rollouts = (
+    args.ns, args.repeats, args.decode_batches, args.update_batches = (
         "64,256",
         3,
         "16,512",
         "32,512",
-        128,
     )
   ints = lambda s: [int(x) for x in s.split(",") if x]
   ns, dec_b, upd_b = ints(args.ns), ints(args.decode_batches), ints(args.update_batches)
@@ -128,9 +120,7 @@ def main(argv=None):
   if bad:
     ap.error(f"--ns: {bad} are not positive multiples of K = {K}")
   t = time.perf_counter()
-  if args.round_rollouts % K or args.round_rollouts <= K:
-    ap.error(f"--round_rollouts={args.round_rollouts} must be a multiple of K = {K} above K")
-  calib = floors.Probes(config, dec_b, upd_b, round_rollouts=args.round_rollouts)
+  calib = floors.Probes(config, dec_b, upd_b)
   setup = calib.setup
   graphdef, params = model_lib.build(setup.model, seed=0)
   dims = systems.ModelDims.from_config(setup.model)
@@ -164,7 +154,7 @@ def main(argv=None):
   print(
       f"overheads: decode step floor {ov.decode_step_s * 1e6:.1f} us, efficiency "
       f"{ov.decode_efficiency:.3f}; update floor {ov.update_step_s * 1e3:.2f} ms, efficiency "
-      f"{ov.train_efficiency:.3f}; round fixed cost {ov.round_trip_s * 1e6:.1f} us (one round trip {raw['round_trip_s'] * 1e6:.1f} us), "
+      f"{ov.train_efficiency:.3f}; round fixed cost {ov.round_trip_s * 1e6:.1f} us (one round trip {raw['round_trip_s'] * 1e6:.1f} us); host "
       f"{ov.host_per_rollout_s * 1e6:.2f} us per rollout",
       flush=True,
   )
