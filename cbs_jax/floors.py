@@ -22,7 +22,8 @@ components (docs/planner.md, "Latency floors"):
   least a trivial jitted call read back (one host-device round trip), also
   timed;
 * ``host_per_rollout_s``: the host work of a rollout (``rollouts``' prompt
-  encoding, completion decoding and verification) over many rollouts.
+  encoding, completion decoding and verification) over a round's worth of
+  rollouts sampled by the policy.
 
 ``fit_floor`` solves each ``time = count * floor + roofline * (1 /
 efficiency)`` by non-negative least squares, weighting every point by its
@@ -140,6 +141,8 @@ class Probes:
     bad = [n for n in update_batches if n % K]
     if bad:
       raise ValueError(f"update_batches {bad} are not multiples of K = {K}")
+    if host_rollouts % K or host_rollouts <= 0:
+      raise ValueError(f"host_rollouts={host_rollouts} is not a positive multiple of K = {K}")
     if len(decode_batches) < 2 or len(update_batches) < 2:
       raise ValueError("give >= 2 decode_batches and >= 2 update_batches (a floor and a slope)")
     self.setup = setup = run_setup.prepare(config)
@@ -154,12 +157,28 @@ class Probes:
     self.fns["round_trip"] = lambda: jax.device_get(f(x))
 
     rng = np.random.default_rng(seed)
-    problems = setup.task.sample(rng, host_rollouts)
-    toks = rng.integers(0, setup.model.vocab_size, (host_rollouts, Tc))
+    # the host work of a round of host_rollouts: its prompts encoded once,
+    # its completions (sampled by this policy, with EOS, as a round's are:
+    # random tokens stop at a stray EOS and decoded at half the cost)
+    # decoded and verified against their prompts
+    problems = setup.task.sample(rng, host_rollouts // K)
+    gen = rollouts.rollout(
+        graphdef,
+        params,
+        setup.task,
+        setup.tok,
+        problems,
+        K,
+        jax.random.key(seed),
+        setup.layout,
+        setup.sampling,
+    )
+    toks = np.asarray(gen["completion"])
+    repeated = [p for p in problems for _ in range(K)]
 
     def host():
       rollouts.encode_prompts(setup.tok, problems, setup.layout)
-      rollouts.verify(setup.task, problems, rollouts.decode(setup.tok, toks))
+      rollouts.verify(setup.task, repeated, rollouts.decode(setup.tok, toks))
 
     self.fns["host"], self.host_rollouts = host, host_rollouts
 
