@@ -16,6 +16,14 @@ took 0.26 s with 13,589 page faults per call, and 0.028 s with none once
 both thresholds were fixed at 1 GiB (``experiments/bench_planner.py``'s
 N = 256 outlier).
 
+These thresholds bind glibc's main arena only. A thread's own arena grows
+in heaps of at most 64 MiB, so the larger temporaries XLA's worker threads
+allocate are mapped afresh on every call whatever is set here; what helps
+there (``GLIBC_TUNABLES=glibc.malloc.hugetlb=1``: 1.5x faster quickstart
+rounds at N = 4,096 and 16,384) is read when the process starts, so it is
+the caller's to set (``experiments/bench_malloc.py``; docs/planner.md,
+"Host memory").
+
 ``keep_freed_memory`` fixes both thresholds (which also stops their
 adaptation), so blocks up to ``threshold`` bytes come from the heap and the
 heap is not trimmed: the process keeps its peak footprint instead of

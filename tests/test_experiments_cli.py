@@ -554,6 +554,26 @@ def test_bench_peers_quick_compares_with_tunix_or_says_it_skipped(capsys):
     assert last.startswith("RESULT sampler_vs_tunix_b16=") and "decode_vs_roofline_b16=" in last
 
 
+@pytest.mark.slow
+def test_bench_malloc_quick_runs_each_arm_in_its_own_process(capsys):
+  """One child process per allocator arm, each started with its own
+  environment (the child reports the GLIBC_TUNABLES it saw); the speed-ups
+  are ratios to the default arm, which is 1 by construction."""
+  experiment_scripts.load("bench_malloc").main(["--quick"])
+  out = capsys.readouterr().out
+  last = out.strip().splitlines()[-1]
+  assert last.startswith("RESULT hugetlb_speedup_n64=") and "one_arena_speedup_n64=" in last
+  rows = {l.split()[0]: l.split() for l in out.splitlines() if l.split()[:2][1:] == ["64"]}
+  assert rows["default"][3] == "1.000"
+  assert all(float(v.split("=")[1]) > 0 for v in last.split()[1:])
+
+
+def test_bench_malloc_names_an_unknown_arm(capsys):
+  with pytest.raises(SystemExit):
+    experiment_scripts.load("bench_malloc").main(["--arms", "default,tcmalloc"])
+  assert "tcmalloc" in capsys.readouterr().err
+
+
 def test_clipping_record_reads_the_dual_clip_fraction_where_it_was_logged(tmp_path):
   """``clipping_ablation.run_record`` on hand-written metrics: the mean of
   the rounds' ``clip_frac_dual`` when the runs logged it (a dual clip),
