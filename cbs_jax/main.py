@@ -21,6 +21,7 @@ from __future__ import annotations
 import datetime
 import json
 import os
+import sys
 
 from absl import app
 from absl import flags
@@ -30,6 +31,7 @@ import ml_collections
 from ml_collections import config_flags
 
 from cbs_jax import config as config_lib
+from cbs_jax import host_memory
 from cbs_jax import report
 from cbs_jax import sharding
 from cbs_jax import train
@@ -129,7 +131,13 @@ def main(argv):
   del argv
   if not flags.FLAGS["verbosity"].present:
     logging.set_verbosity(logging.WARNING)  # orbax logs every save at INFO
-  summary = run(flags.FLAGS.config, flags.FLAGS.workdir)
+  c = flags.FLAGS.config
+  hint = host_memory.hugepage_hint(
+      c.batch.num_prompts * c.batch.rollouts_per_prompt, jax.default_backend()
+  )
+  if hint:
+    print(hint, file=sys.stderr)
+  summary = run(c, flags.FLAGS.workdir)
   print("summary:", {k: v for k, v in summary.items() if not isinstance(v, dict)})
   for k, v in summary.items():
     if isinstance(v, dict):

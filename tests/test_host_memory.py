@@ -72,3 +72,23 @@ def test_applied_in_this_process():
   # the suite imports cbs_jax under whatever the environment says
   on = GLIBC and os.environ.get(host_memory.ENV, "1") != "0"
   assert host_memory.applied() == (host_memory.DEFAULT_THRESHOLD if on else None)
+
+
+@pytest.mark.skipif(not GLIBC, reason="the hint is for glibc's tunable")
+def test_the_hugepage_hint_shows_only_where_it_applies(tmp_path):
+  thp = tmp_path / "enabled"
+  thp.write_text("always [madvise] never\n")
+  hint = lambda n=4096, backend="cpu", env=None, f=thp: host_memory.hugepage_hint(
+      n, backend, {} if env is None else env, str(f)
+  )
+  assert host_memory.HUGEPAGE_TUNABLE in hint() and "4096 rollouts" in hint()
+  assert hint(n=host_memory.HINT_ROLLOUTS) is not None
+  assert hint(n=host_memory.HINT_ROLLOUTS - 16) is None  # small rounds do not fault
+  assert hint(backend="gpu") is None
+  assert hint(env={"GLIBC_TUNABLES": "glibc.malloc.hugetlb=1"}) is None  # already set
+  assert hint(env={"GLIBC_TUNABLES": "glibc.malloc.trim_threshold=1"}) is not None
+  thp.write_text("always madvise [never]\n")
+  assert hint() is None  # the kernel gives no huge pages
+  thp.write_text("[always] madvise never\n")
+  assert hint() is not None
+  assert hint(f=tmp_path / "missing") is None
