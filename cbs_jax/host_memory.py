@@ -20,8 +20,9 @@ These thresholds bind glibc's main arena only. A thread's own arena grows
 in heaps of at most 64 MiB, so the larger temporaries XLA's worker threads
 allocate are mapped afresh on every call whatever is set here; what helps
 there (``GLIBC_TUNABLES=glibc.malloc.hugetlb=1``: 1.5x faster quickstart
-rounds at N = 4,096 and 16,384) is read when the process starts, so it is
-the caller's to set (``experiments/bench_malloc.py``; docs/planner.md,
+rounds at N = 4,096 and 16,384) is read when the process starts: a
+sweep's workers get it (``hugepage_environ``), a single run is told
+(``hugepage_hint``) (``experiments/bench_malloc.py``; docs/planner.md,
 "Host memory").
 
 ``keep_freed_memory`` fixes both thresholds (which also stops their
@@ -81,6 +82,36 @@ THP_ENABLED = "/sys/kernel/mm/transparent_hugepage/enabled"
 HINT_ROLLOUTS = 2048  # rounds this large fault their temporaries in (bench_malloc)
 
 
+def _hugepages_apply(environ, thp_enabled: str) -> bool:
+  """Whether a process started with ``environ`` plus ``HUGEPAGE_TUNABLE``
+  would get huge pages it does not get already: glibc on Linux, the
+  tunable not yet there, transparent huge pages on in the kernel."""
+  if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
+    return False
+  if "glibc.malloc.hugetlb" in environ.get("GLIBC_TUNABLES", ""):
+    return False
+  try:
+    with open(thp_enabled) as f:
+      text = f.read()
+  except OSError:
+    return False
+  return "[" in text and text[text.find("[") + 1 : text.find("]")] in ("always", "madvise")
+
+
+def hugepage_environ(environ=None, thp_enabled: str | None = None) -> dict:
+  """A copy of ``environ`` (default ``os.environ``) for a process this one
+  starts (a sweep's workers): ``HUGEPAGE_TUNABLE`` added to
+  ``GLIBC_TUNABLES`` where it applies (``_hugepages_apply``) and
+  ``CBS_JAX_KEEP_FREED_MEMORY`` is not "0" (that keeps the C library's
+  defaults). The workers' rounds at 4,096 and 16,384 rollouts ran 1.50x and
+  1.55x faster with it, 0.97x at 256 (``bench_malloc.py --worker``)."""
+  env = dict(os.environ if environ is None else environ)
+  if env.get(ENV, "1").strip() == "0" or not _hugepages_apply(env, thp_enabled or THP_ENABLED):
+    return env
+  env["GLIBC_TUNABLES"] = ":".join(filter(None, [env.get("GLIBC_TUNABLES", ""), HUGEPAGE_TUNABLE]))
+  return env
+
+
 def hugepage_hint(
     rollouts: int, backend: str, environ=None, thp_enabled: str = THP_ENABLED
 ) -> str | None:
@@ -91,19 +122,7 @@ def hugepage_hint(
   tunable already set, or transparent huge pages off in the kernel
   (``thp_enabled``: the sysfs file whose bracketed word is the mode)."""
   environ = os.environ if environ is None else environ
-  if backend != "cpu" or rollouts < HINT_ROLLOUTS:
-    return None
-  if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
-    return None
-  if "glibc.malloc.hugetlb" in environ.get("GLIBC_TUNABLES", ""):
-    return None
-  try:
-    with open(thp_enabled) as f:
-      text = f.read()
-  except OSError:
-    return None
-  mode = text[text.find("[") + 1 : text.find("]")] if "[" in text else ""
-  if mode not in ("always", "madvise"):
+  if backend != "cpu" or rollouts < HINT_ROLLOUTS or not _hugepages_apply(environ, thp_enabled):
     return None
   return (
       f"note: {rollouts} rollouts per round on the CPU: starting the process with "

@@ -55,6 +55,7 @@ import tqdm
 from jax.experimental import multihost_utils
 
 from cbs_jax import config as config_lib
+from cbs_jax import host_memory
 from cbs_jax import paths
 from cbs_jax import report
 from cbs_jax import sharding
@@ -229,18 +230,24 @@ def _die_with_parent() -> None:
     os._exit(1)
 
 
-def _pin_worker(cores) -> None:
-  """Process-pool initializer: die with the sweep (``_die_with_parent``),
-  take one core from ``cores`` (a shared queue) and make XLA single-threaded
-  on it, before this process builds a backend."""
-  _die_with_parent()
-  core = cores.get()
-  os.environ["XLA_FLAGS"] = (
-      os.environ.get("XLA_FLAGS", "") + " --xla_cpu_multi_thread_eigen=false"
-      " intra_op_parallelism_threads=1"
-  ).strip()
+# what makes a worker's XLA single-threaded (appended to XLA_FLAGS)
+WORKER_XLA_FLAGS = "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
+
+
+def pin_to_core(core: int | None) -> None:
+  """Make this process's XLA single-threaded and bind it to ``core`` (where
+  the OS allows), as a sweep worker runs; before it builds a backend."""
+  os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + WORKER_XLA_FLAGS).strip()
   if hasattr(os, "sched_setaffinity") and core is not None:
     os.sched_setaffinity(0, {core})
+
+
+def _pin_worker(cores) -> None:
+  """Process-pool initializer: die with the sweep (``_die_with_parent``),
+  take one core from ``cores`` (a shared queue) and run on it
+  single-threaded (``pin_to_core``)."""
+  _die_with_parent()
+  pin_to_core(cores.get())
 
 
 def _worker_run(run_fn, config, workdir):
@@ -388,17 +395,29 @@ def _run_todo(todo, runs, prepared, run_fn, workers, finish, bar) -> None:
     avail = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
     for w in range(workers):
       cores.put(avail[w % len(avail)] if avail else None)
-    with concurrent.futures.ProcessPoolExecutor(
-        max_workers=workers, mp_context=ctx, initializer=_pin_worker, initargs=(cores,)
-    ) as pool:
-      futures = {pool.submit(_worker_run, run_fn, runs[i][2], prepared[i][0]): i for i in todo}
-      try:
-        for fut in concurrent.futures.as_completed(futures):
-          finish(futures[fut], fut.result())
-      except BaseException:
-        for fut in futures:  # a failed run stops the sweep: start nothing new
-          fut.cancel()
-        raise
+    # the workers start with glibc's huge pages where they apply (read at
+    # process start; host_memory.hugepage_environ): 1.5x faster rounds at
+    # 4,096 rollouts and more
+    before = os.environ.get("GLIBC_TUNABLES")
+    if "GLIBC_TUNABLES" in (env := host_memory.hugepage_environ()):
+      os.environ["GLIBC_TUNABLES"] = env["GLIBC_TUNABLES"]
+    try:
+      with concurrent.futures.ProcessPoolExecutor(
+          max_workers=workers, mp_context=ctx, initializer=_pin_worker, initargs=(cores,)
+      ) as pool:
+        futures = {pool.submit(_worker_run, run_fn, runs[i][2], prepared[i][0]): i for i in todo}
+        try:
+          for fut in concurrent.futures.as_completed(futures):
+            finish(futures[fut], fut.result())
+        except BaseException:
+          for fut in futures:  # a failed run stops the sweep: start nothing new
+            fut.cancel()
+          raise
+    finally:
+      if before is None:
+        os.environ.pop("GLIBC_TUNABLES", None)
+      else:
+        os.environ["GLIBC_TUNABLES"] = before
 
 
 def grid(spec: dict[str, Any]) -> list[dict[str, Any]]:

@@ -22,6 +22,9 @@ processes per arm:
   main arena, which honours ``host_memory``'s thresholds (no faults below
   1 GiB), at the price of one lock for all threads.
 
+``--worker`` runs each process as a sweep's ``--workers`` do
+(``sweep.pin_to_core``: single-threaded XLA on one core).
+
 Each process times real quickstart rounds (``bench_planner.round_fn``:
 generation with EOS, verification, one update; noise instruments off) at
 each N: one untimed round, then the median of ``--rounds`` rounds, with the
@@ -50,9 +53,15 @@ ARMS = {
 }
 
 
-def child(ns: list[int], rounds: int) -> dict:
+def child(ns: list[int], rounds: int, worker: bool) -> dict:
   """Time quickstart rounds at each N in this process: {N: {gen_s,
-  update_s, round_s, faults, sys_s}} (medians over ``rounds``)."""
+  update_s, round_s, faults, sys_s}} (medians over ``rounds``); ``worker``:
+  run as a sweep worker does (``sweep.pin_to_core``: single-threaded XLA
+  on one core)."""
+  if worker:
+    from cbs_jax import sweep
+
+    sweep.pin_to_core(0)
   import jax
 
   sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -91,6 +100,11 @@ def main(argv=None):
   ap.add_argument("--repeats", type=int, default=3, help="processes per arm (alternating)")
   ap.add_argument("--rounds", type=int, default=3, help="timed rounds per N in each process")
   ap.add_argument("--arms", default=",".join(ARMS), help=f"comma-separated, of {list(ARMS)}")
+  ap.add_argument(
+      "--worker",
+      action="store_true",
+      help="run each process as a sweep worker (single-threaded XLA on one core)",
+  )
   ap.add_argument("--quick", action="store_true", help="N = 64, one process per arm, 2 rounds")
   ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
   args = ap.parse_args(argv)
@@ -98,7 +112,7 @@ def main(argv=None):
     args.ns, args.repeats, args.rounds = "64", 1, 2
   ns = [int(x) for x in args.ns.split(",") if x]
   if args.child:
-    print("CHILD " + json.dumps(child(ns, args.rounds)), flush=True)
+    print("CHILD " + json.dumps(child(ns, args.rounds, args.worker)), flush=True)
     return
   arms = [a for a in args.arms.split(",") if a]
   bad = [a for a in arms if a not in ARMS]
@@ -109,7 +123,7 @@ def main(argv=None):
 
   root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   cmd = [sys.executable, os.path.abspath(__file__), "--child", f"--ns={args.ns}"]
-  cmd.append(f"--rounds={args.rounds}")
+  cmd += [f"--rounds={args.rounds}"] + (["--worker"] if args.worker else [])
   results = {a: [] for a in arms}
   t0 = time.perf_counter()
   for rep in range(args.repeats):

@@ -7,6 +7,7 @@ none once the thresholds are fixed. Each case runs in its own process,
 because the setting is process-wide and is made on import.
 """
 
+import json
 import os
 import platform
 import subprocess
@@ -17,6 +18,7 @@ import pytest
 from cbs_jax import host_memory
 
 GLIBC = platform.system() == "Linux" and platform.libc_ver()[0] == "glibc"
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 _PROBE = """
 import resource
@@ -92,3 +94,70 @@ def test_the_hugepage_hint_shows_only_where_it_applies(tmp_path):
   thp.write_text("[always] madvise never\n")
   assert hint() is not None
   assert hint(f=tmp_path / "missing") is None
+
+
+_ENV_SWEEP = """
+import json, os, sys
+sys.path.insert(0, {root!r})
+from cbs_jax import config as config_lib
+from cbs_jax import sweep
+
+def run(config, workdir):
+  return {{"glibc_tunables": os.environ.get("GLIBC_TUNABLES", ""), "pid": os.getpid()}}
+
+if __name__ == "__main__":
+  rows = sweep.run_sweep(
+      config_lib.base_config(), sweep.grid({{"seed": [0, 1]}}), sys.argv[1], run_fn=run,
+      workers=2, progress=False)
+  print("ROWS " + json.dumps([r["summary"] for r in rows]))
+  print("PARENT " + os.environ.get("GLIBC_TUNABLES", "-"))
+  print("PIDOF " + str(os.getpid()))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("keep", ["1", "0"])
+def test_sweep_workers_start_with_huge_pages_where_they_apply(tmp_path, keep):
+  """A two-worker sweep's workers see glibc's huge-page tunable (added to
+  what the parent had) where the kernel offers huge pages, and not with
+  CBS_JAX_KEEP_FREED_MEMORY=0; the parent's own environment is restored."""
+  script = tmp_path / "env_sweep.py"
+  script.write_text(_ENV_SWEEP.format(root=ROOT))
+  env = dict(os.environ, GLIBC_TUNABLES="glibc.malloc.trim_threshold=1048576")
+  env[host_memory.ENV] = keep
+  out = subprocess.run(
+      [sys.executable, str(script), str(tmp_path / "root")],
+      env=env,
+      cwd=ROOT,
+      capture_output=True,
+      text=True,
+      timeout=300,
+  )
+  assert out.returncode == 0, out.stderr[-3000:]
+  lines = dict(
+      l.split(" ", 1) for l in out.stdout.splitlines() if l[:5] in ("ROWS ", "PAREN", "PIDOF")
+  )
+  rows = json.loads(lines["ROWS"])
+  assert len(rows) == 2 and str(rows[0]["pid"]) != lines["PIDOF"]  # ran in a worker
+  applies = host_memory._hugepages_apply({}, host_memory.THP_ENABLED) and keep == "1"
+  want = "glibc.malloc.trim_threshold=1048576" + (
+      ":" + host_memory.HUGEPAGE_TUNABLE if applies else ""
+  )
+  assert [r["glibc_tunables"] for r in rows] == [want, want]
+  assert lines["PARENT"] == "glibc.malloc.trim_threshold=1048576"
+
+
+def test_hugepage_environ_adds_the_tunable_once_and_respects_the_opt_out(tmp_path):
+  thp = tmp_path / "enabled"
+  thp.write_text("always [madvise] never\n")
+  env = lambda **kw: host_memory.hugepage_environ(kw, str(thp))
+  if not GLIBC:
+    assert env(A="1") == {"A": "1"}
+    return
+  assert env()["GLIBC_TUNABLES"] == host_memory.HUGEPAGE_TUNABLE
+  assert env(GLIBC_TUNABLES="x=1")["GLIBC_TUNABLES"] == "x=1:" + host_memory.HUGEPAGE_TUNABLE
+  once = env(GLIBC_TUNABLES=host_memory.HUGEPAGE_TUNABLE)
+  assert once["GLIBC_TUNABLES"] == host_memory.HUGEPAGE_TUNABLE
+  assert "GLIBC_TUNABLES" not in env(**{host_memory.ENV: "0"})
+  thp.write_text("always madvise [never]\n")
+  assert "GLIBC_TUNABLES" not in env()
