@@ -126,8 +126,8 @@ def hugepage_hint(
     return None
   return (
       f"note: {rollouts} rollouts per round on the CPU: starting the process with "
-      f"GLIBC_TUNABLES={HUGEPAGE_TUNABLE} made such rounds ~1.5x faster here "
-      '(fewer page faults; docs/planner.md, "Host memory")'
+      f"GLIBC_TUNABLES={HUGEPAGE_TUNABLE} made such rounds ~1.5x faster in "
+      'experiments/bench_malloc.py (fewer page faults; docs/planner.md, "Host memory")'
   )
 
 
