@@ -158,9 +158,8 @@ class Probes:
 
     rng = np.random.default_rng(seed)
     # the host work of a round of host_rollouts: its prompts encoded once,
-    # its completions (sampled by this policy, with EOS, as a round's are:
-    # random tokens stop at a stray EOS and decoded at half the cost)
-    # decoded and verified against their prompts
+    # its completions (sampled by this policy with EOS, as a round's are,
+    # not random tokens) decoded and verified against their own prompts
     problems = setup.task.sample(rng, host_rollouts // K)
     gen = rollouts.rollout(
         graphdef,
