@@ -15,11 +15,12 @@ in one run:
 
 * measured: ``train.round_batch`` (prompts, generation with EOS, host
   verification, advantages) + one ``train.RoundUpdater`` update, metrics read
-  back; compile excluded (one warm-up round per N), median of ``--repeats``
-  rounds run back to back (as a run at that N runs them); the calibration
-  probes (``floors.Probes``) are timed once before each N's rounds, so that
-  slow drift of a shared machine hits the prediction and the measurement
-  alike;
+  back; compile excluded, median of ``--repeats`` rounds, each timed right
+  after an untimed round of the same N (as in a run at that N). The timings
+  are interleaved: each repeat times the calibration probes
+  (``floors.Probes.once``) and then one round at every N, so that drift of
+  a shared machine hits the prediction and the measurement alike and both
+  medians span the whole run;
 * predicted: N / ``systems.round_time(..., overheads=...)`` with the
   calibrated overheads, and with none (the bare roofline, a lower bound) to
   show what the floors change.
@@ -42,6 +43,7 @@ import argparse
 import json
 import math
 import os
+import resource
 import statistics
 import time
 
@@ -134,20 +136,29 @@ def main(argv=None):
       f"{time.perf_counter() - t:.0f} s",
       flush=True,
   )
-  # each N's rounds run back to back, as in a training run at that N, with
-  # one set of calibration probes before each block, so that slow drift of
-  # the machine hits the probes and the rounds alike. Each block starts
-  # once the process is quiet (the probes' 16,384-rollout update is handed
-  # back to the kernel for ~0.3 s after it returns; docs/planner.md,
-  # "Host memory") with one untimed round, so its first timed round
-  # follows itself as in a run
+  # the timings are interleaved: each repeat times one set of calibration
+  # probes, then one round at every N, so that the machine's drift (on this
+  # shared 2-core VM a small update's speed wanders by +-30% over seconds)
+  # hits the probes and the rounds alike, and both medians are taken over
+  # the whole run. Each timed round follows an untimed round of its own N,
+  # as in a run at that N, after the process has gone quiet (a
+  # 16,384-rollout update hands its 3.3 GiB temporary back to the kernel
+  # for ~0.3 s after it returns; docs/planner.md, "Host memory")
   samples, parts = [], {n: [] for n in ns}
-  for i, n in enumerate(ns):
+  usage = {n: [0, 0.0] for n in ns}
+  for i in range(args.repeats):
     samples.append(calib.once())
-    probes.settle()
-    runs[n]()
-    parts[n] = [runs[n]() for _ in range(args.repeats)]
-    print(f"  N = {n} ({i + 1}/{len(ns)})", flush=True)
+    for n in ns:
+      probes.settle()
+      runs[n]()
+      r0 = resource.getrusage(resource.RUSAGE_SELF)
+      parts[n].append(runs[n]())
+      r1 = resource.getrusage(resource.RUSAGE_SELF)
+      # the kernel's page faults and system time, to tell a slow round's
+      # cause from the numbers
+      usage[n][0] += (r1.ru_minflt - r0.ru_minflt) / args.repeats
+      usage[n][1] += (r1.ru_stime - r0.ru_stime) / args.repeats
+    print(f"  repeat {i + 1}/{args.repeats}", flush=True)
   ov, raw = calib.fit(samples)
   acc = calib.acc
   print(f"roofline: {systems.describe(acc)}")
@@ -180,21 +191,27 @@ def main(argv=None):
             pred_update_s=pred.train_s,
             ratio=total / pred.total_s,
             roofline_ratio=total / bare.total_s,
+            faults=usage[n][0],
+            sys_s=usage[n][1],
         )
     )
 
   print()
   print(
       f"{'N':>6} {'measured r/s':>13} {'predicted r/s':>14} {'ratio':>7} "
-      f"{'gen ratio':>10} {'upd ratio':>10} {'roofline only':>14}"
+      f"{'gen ratio':>10} {'upd ratio':>10} {'roofline only':>14} {'faults':>10} {'sys ms':>7}"
   )
   for r in rows:
     print(
         f"{r['n']:>6} {r['n'] / r['measured_s']:>13,.0f} {r['n'] / r['predicted_s']:>14,.0f} "
         f"{r['ratio']:>7.3f} {r['gen_s'] / r['pred_gen_s']:>10.3f} "
         f"{r['update_s'] / r['pred_update_s']:>10.3f} {r['roofline_ratio']:>14.2f}"
+        f" {r['faults']:>10,.0f} {r['sys_s'] * 1e3:>7.0f}"
     )
-  print("ratio = predicted / measured rollouts/s; gen, upd ratio = measured / predicted seconds")
+  print(
+      "ratio = predicted / measured rollouts/s; gen, upd ratio = measured / predicted seconds;"
+      " faults, sys ms: page faults and system time per round (mean)"
+  )
   worst = max((r["ratio"] for r in rows), key=lambda x: abs(math.log(x)))
   inside = sum(0.75 <= r["ratio"] <= 1.25 for r in rows)
   if args.out:
