@@ -4,6 +4,7 @@
 calibration recovers the floors and efficiencies that generated it, and the
 probes run on this machine."""
 
+import json
 import time
 
 import numpy as np
@@ -179,10 +180,22 @@ def test_calibrate_measures_this_machine():
 
 
 @pytest.mark.slow
-def test_bench_planner_quick_prints_its_result(capsys):
-  experiment_scripts.load("bench_planner").main(["--quick"])
-  last = capsys.readouterr().out.strip().splitlines()[-1]
-  assert last.startswith("RESULT planner_worst_ratio=") and "within_25pct=" in last
+def test_bench_planner_quick_prints_its_result(capsys, tmp_path):
+  """Its RESULT line, and a table whose every row holds a median of the
+  interleaved repeats: a measured round no shorter than its generation and
+  update parts' medians allow, the ratio it reports, and the kernel's page
+  faults and system time per round."""
+  out = tmp_path / "planner.json"
+  experiment_scripts.load("bench_planner").main(["--quick", f"--out={out}"])
+  lines = capsys.readouterr().out.strip().splitlines()
+  assert lines[-1].startswith("RESULT planner_worst_ratio=") and "within_25pct=" in lines[-1]
+  assert sum(l.startswith("  repeat ") for l in lines) == 3  # --quick: 3 repeats
+  rows = json.loads(out.read_text())["rows"]
+  assert [r["n"] for r in rows] == [64, 256]
+  for r in rows:
+    assert r["measured_s"] > 0 and r["gen_s"] > 0 and r["update_s"] > 0
+    assert r["ratio"] == pytest.approx(r["measured_s"] / r["predicted_s"])
+    assert r["faults"] >= 0 and r["sys_s"] >= 0
 
 
 def test_documented_floors_for_named_gpus_and_none_for_tpus():
