@@ -607,3 +607,27 @@ def test_tokens_from_uniform_is_the_inverse_cdf():
     assert (got[r] != want).sum() <= 3, np.flatnonzero(got[r] != want)
     assert np.all(p64[r][got[r]] > 0)
   assert got[1, -1] == VOCAB - 6 and got[2, 0] == 4
+
+
+def test_a_graphdef_passed_again_is_not_hashed_and_an_equal_one_shares_the_sampler(
+    tiny, monkeypatch
+):
+  """``generate`` looks its model config and jitted sampler up by the
+  graphdef object (hashing an NNX graphdef walks the module tree; a trainer
+  passes the same object every round); a graphdef equal to it but built
+  anew (a model rebuilt) still gets the same jitted sampler, compiled once."""
+  gd, params = tiny
+  toks, mask = mixed_batch(seed=2)
+  kw = dict(max_new_tokens=3, eos_id=None, pad_id=PAD, spec=scoring.SamplingSpec())
+  first = sampling.generate(gd, params, toks, mask, jax.random.key(0), **kw)
+  calls = []
+  real_hash = type(gd).__hash__
+  monkeypatch.setattr(type(gd), "__hash__", lambda self: calls.append(1) or real_hash(self))
+  again = sampling.generate(gd, params, toks, mask, jax.random.key(0), **kw)
+  assert not calls  # neither cache hashed the graphdef
+  np.testing.assert_array_equal(again.tokens, first.tokens)
+  fn = sampling.make_sampler(gd, **kw)
+  gd2, _ = model.build(tiny_config(), seed=1)
+  assert gd2 is not gd and gd2 == gd
+  assert sampling.make_sampler(gd2, **kw) is fn  # found by equality: one jit, one compile
+  assert calls  # ... which took a hash
