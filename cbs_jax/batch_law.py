@@ -136,7 +136,7 @@ def fit_critical_batch(
   a, b = _fit_ab(n, s, w)
   fitted = a + b / n
   ss_tot = float(np.sum(w * (s - np.average(s, weights=w)) ** 2))
-  r2 = 1.0 - float(np.sum(w * (s - fitted) ** 2)) / ss_tot if ss_tot > 0 else math.nan
+  r2 = stats.r_squared(np.sum(w * (s - fitted) ** 2), ss_tot)
   rng = np.random.default_rng(seed)
   rel = (s - fitted) / fitted * math.sqrt(n.size / max(n.size - 2, 1))
   boot = np.empty((n_boot, 2))

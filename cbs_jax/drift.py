@@ -204,7 +204,7 @@ def fit_trend(kappa, y, se=None, alpha: float = 0.05) -> dict:
     verdict = "quadratic"
   w = np.ones_like(y) if e is None else 1.0 / e**2
   ss_tot = float(np.sum(w * (y - np.average(y, weights=w)) ** 2))
-  r2 = lambda f: 1.0 - f.chi2 / ss_tot if ss_tot > 0 else math.nan
+  r2 = lambda f: stats.r_squared(f.chi2, ss_tot)
   out = dict(
       n=int(x.size),
       weighted=e is not None,

@@ -29,6 +29,8 @@ import numpy as np
 from matplotlib import ticker, transforms
 from matplotlib.figure import Figure
 
+from cbs_jax import report
+
 # Okabe-Ito, black first; markers and dash patterns carry the distinction in grey.
 COLORS = ("#000000", "#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#F0E442")
 MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*", "<", ">")
@@ -1008,12 +1010,54 @@ def noise_length(
   return fig
 
 
+def _sig(a):
+  """``a`` (array-like, masks kept) with every value at
+  ``report.STABLE_DIGITS`` significant digits (correctly rounded, through
+  the decimal string, so the result depends on the value alone)."""
+  if not np.size(a):
+    return a
+  a = np.ma.asarray(a, dtype=np.float64)
+  flat = np.array([float(f"{v:.{report.STABLE_DIGITS}g}") for v in a.data.ravel()])
+  return np.ma.array(flat.reshape(a.shape), mask=np.ma.getmask(a))
+
+
+def stabilize(fig: Figure) -> Figure:
+  """Round the data of every line, marker set, band and error bar in
+  ``fig`` to ``report.STABLE_DIGITS`` significant digits, in place. Why:
+  a curve computed with numpy's exp, power or geomspace differs in the last
+  bits between processors (numpy picks AVX-512 or AVX2 kernels at run
+  time), and a last-bit difference in a vertex can move Agg's antialiasing,
+  so the same committed data drew other PNG bytes on another machine;
+  rounded, they draw the same bytes, and ``--replot`` can be checked byte
+  for byte. The rounding (<= 5e-10 relative) is far below a pixel."""
+  for ax in fig.axes:
+    for line in ax.get_lines():
+      line.set_data(*(_sig(d) for d in line.get_data()))
+    for coll in ax.collections:
+      offsets = coll.get_offsets()
+      if len(offsets):
+        coll.set_offsets(_sig(offsets))
+      if hasattr(coll, "get_segments"):  # error bars (LineCollection)
+        # (an empty segment reads back as shape (0,) but is set as (0, 2))
+        coll.set_segments(
+            [_sig(g) if np.size(g) else np.empty((0, 2)) for g in coll.get_segments()]
+        )
+      else:  # bands (fill_between's PolyCollection) and other paths
+        for path in coll.get_paths():
+          path.vertices = _sig(path.vertices).filled(np.nan)
+    # the view limits were autoscaled from the unrounded data
+    ax.set_xlim(*_sig(ax.get_xlim()).filled(np.nan))
+    ax.set_ylim(*_sig(ax.get_ylim()).filled(np.nan))
+  return fig
+
+
 def save(fig: Figure, path: str, dpi: int = DPI) -> str:
-  """Write ``fig`` to ``path`` as a PNG at ``dpi`` and close it; returns
-  the path."""
+  """Write ``fig`` to ``path`` as a PNG at ``dpi`` (its data rounded by
+  ``stabilize``) and close it; returns the path."""
   d = os.path.dirname(path)
   if d:
     os.makedirs(d, exist_ok=True)
+  stabilize(fig)
   fig.savefig(path, dpi=dpi, format="png", bbox_inches="tight")
   import matplotlib.pyplot as plt  # noqa: PLC0415  (close() if pyplot tracks it)
 

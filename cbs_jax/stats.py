@@ -121,6 +121,21 @@ def lack_of_fit(x, y, groups) -> dict:
   )
 
 
+R2_DECIMALS = 12
+
+
+def r_squared(ss_res: float, ss_tot: float) -> float:
+  """1 - ss_res / ss_tot, rounded to ``R2_DECIMALS`` decimals (NaN where
+  ss_tot is not positive). An R² lives on the unit scale, and where a model
+  fits no better than the mean (the constant model's R² is exactly 0) the
+  difference cancels to a few units of 1e-16 whose value and sign depend on
+  the processor's summation order; rounded, the same data give the same R²
+  (and the same "R²=0.00" label, never "-0.00") on every machine."""
+  if not ss_tot > 0:
+    return math.nan
+  return round(1.0 - float(ss_res) / float(ss_tot), R2_DECIMALS) + 0.0  # -0.0 -> 0.0
+
+
 def percentile_ci(replicates, level: float = 0.9) -> tuple[float, float]:
   """Percentile interval of bootstrap ``replicates``; non-finite ones count
   as +inf (a refit that broke down says "could be anything large")."""

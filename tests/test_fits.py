@@ -144,3 +144,33 @@ def test_ratio_of_means_and_its_jackknife_against_monte_carlo():
     stats.ratio_of_means([1, 2], [1, 2, 3])
   with pytest.raises(ValueError, match="1 replicates"):
     stats.ratio_of_means([1], [1])
+
+
+def test_r_squared_of_the_constant_model_is_exactly_zero_whatever_the_summation_order():
+  """The constant (weighted-mean) model explains nothing: R² = 0 exactly, but
+  1 - chi2/ss_tot leaves +-1e-16 whose sign depends on the order of the sums
+  (a committed fits file differed between two processors by exactly that).
+  Summed in shuffled orders, stats.r_squared gives 0.0 (not -0.0) every time;
+  a real R² is unchanged to 12 decimals (closed form from numpy here)."""
+  rng = np.random.default_rng(3)
+  x = np.linspace(0.0, 1.0, 9)
+  y = 2.0 + 0.7 * x + 0.1 * rng.standard_normal(9)
+  w = 1.0 / (0.05 + 0.1 * x) ** 2
+  raw = set()
+  for perm in (rng.permutation(9) for _ in range(40)):
+    ys, ws = y[perm], w[perm]
+    mean = np.sum(ws * ys) / np.sum(ws)
+    ss_tot = math.fsum(ws * (ys - mean) ** 2)
+    chi2_const = float(np.sum(ws * (ys - mean) ** 2))  # summed in numpy's order
+    raw.add(1.0 - chi2_const / ss_tot)
+    r2 = stats.r_squared(chi2_const, ss_tot)
+    assert r2 == 0.0 and math.copysign(1.0, r2) == 1.0
+  assert any(v != 0.0 for v in raw)  # the unrounded value does wander
+  slope, icpt = np.polyfit(x, y, 1, w=np.sqrt(w))
+  ss_res = float(np.sum(w * (y - icpt - slope * x) ** 2))
+  ss_tot = float(np.sum(w * (y - np.average(y, weights=w)) ** 2))
+  assert stats.r_squared(ss_res, ss_tot) == pytest.approx(1.0 - ss_res / ss_tot, abs=1e-12)
+  assert math.isnan(stats.r_squared(1.0, 0.0))
+  # the fits that report it: a flat trend's constant model
+  fit = drift.fit_trend([0.0, 0.1, 0.2, 0.3, 0.4], [1.0, 1.2, 0.9, 1.1, 1.0])
+  assert fit["const"]["r2"] == 0.0

@@ -1,6 +1,7 @@
 """cbs_jax.plots: every figure is labelled, saves a real PNG, draws the data
 it was given, and its fitted curves match closed forms computed here."""
 
+import io
 import math
 import os
 import subprocess
@@ -390,3 +391,57 @@ def test_adaptive_signal_is_not_drawn_as_a_line_where_its_interval_is_unbounded(
   assert np.isnan(y[:3]).all() and np.allclose(y[3:], 3e3)
   (faint,) = [l for l in ax_s.get_lines() if l.get_label() == "estimate, interval unbounded"]
   assert list(faint.get_ydata()) == [3e3, 1e6, 5e3]
+
+
+def _decimal(a):
+  return np.array([float(f"{v:.10g}") for v in np.ravel(a)]).reshape(np.shape(a))
+
+
+def _jittered_figure(seed: int):
+  """Lines on log axes, a band, error bars (one missing) and a scatter, from
+  10-digit values (what a committed table holds) each moved by up to 1e-14
+  relative (what two processors' exp / power kernels can give for one
+  curve; seeded)."""
+  rng = np.random.default_rng(seed)
+  jit = lambda a: _decimal(a) * (1 + 1e-14 * rng.uniform(-1, 1, np.shape(a)))
+  g = jit(np.geomspace(64.0, 2048.0, 40))
+  fig = plots.lr_envelope(
+      [64, 128, 256, 512, 1024, 2048],
+      jit(3e-4 * np.exp(np.linspace(-1.2, 1.0, 6))),
+      [1, 1, 1, 1, 1, 0],
+      lr0=3e-4,
+      ref=256,
+      alpha=0.41,
+  )
+  ax = fig.axes[0]
+  ax.fill_between(g, jit(1e-4 * (g / 256) ** 0.3), jit(2e-4 * (g / 256) ** 0.45), alpha=0.2)
+  yerr = jit(2e-5 * np.exp(np.linspace(0.0, 1.0, 8)))
+  yerr[3] = np.nan
+  ax.errorbar(g[::5], jit(1.3e-4 * (g[::5] / 256) ** 0.35), yerr=yerr, fmt="s")
+  ax.scatter(g[::7], jit(1.1e-4 * (g[::7] / 256) ** 0.41))
+  return fig
+
+
+def test_saved_png_bytes_do_not_depend_on_the_last_bits_of_the_data(tmp_path):
+  """plots.save rounds the drawn data (plots.stabilize), so the same curve
+  computed with last-bit differences writes the same PNG bytes (a committed
+  figure is then rebuilt byte for byte on either processor); drawn as they
+  are, the same six jittered figures give several different files. The drawn
+  values move by <= 5e-10 relative."""
+  saved = {
+      open(plots.save(_jittered_figure(s), str(tmp_path / f"{s}.png")), "rb").read()
+      for s in range(6)
+  }
+  assert len(saved) == 1
+  raw = set()
+  for s in range(6):
+    buf = io.BytesIO()
+    _jittered_figure(s).savefig(buf, dpi=plots.DPI, format="png", bbox_inches="tight")
+    raw.add(buf.getvalue())
+  assert len(raw) > 1  # without the rounding, the last bits do reach the pixels
+  fig = _jittered_figure(0)
+  before = [np.asarray(l.get_ydata(), float) for l in fig.axes[0].get_lines()]
+  plots.stabilize(fig)
+  after = [np.asarray(l.get_ydata(), float) for l in fig.axes[0].get_lines()]
+  for u, v in zip(before, after):
+    np.testing.assert_allclose(v, u, rtol=5e-10)
