@@ -40,30 +40,39 @@ def pytest_unconfigure(config):
     shutil.rmtree(d, ignore_errors=True)
 
 
-# The longest tests of the full suite, in seconds (``--durations`` on the
-# 2-core machine). They are started first: xdist hands tests out in
-# collection order, and a five-minute chain that starts last keeps one core
-# busy while the other has long finished. The order changes nothing else.
+# The longest tests of the full suite, in seconds (``--durations=0`` at commit
+# d1eda1f on the 2-core machine, its slower processor). They are started
+# first: a chain that starts last keeps one core busy while the other has
+# long finished. The order changes nothing else. It balances the two workers
+# only with ``--maxschedchunk=1`` (pytest.ini): by default xdist's first
+# batch per worker is a quarter of its share, consecutive (144 of 1,155
+# tests), so every test below went to worker 0 -- in that run the tests took
+# 2,137 s in all (1,069 s per worker if shared evenly) and the run 1,277 s.
 LONGEST = {
-    "tests/test_experiments_cli.py::test_every_study_quick_mode_writes_its_files[batch_law]": 257,
-    "tests/test_experiments_cli.py::test_every_study_quick_mode_writes_its_files[noise]": 162,
-    "tests/test_multihost.py::": 153,
-    "tests/test_sft.py::test_committed_sft_config_lands_in_the_band": 100,
-    "tests/test_golden.py::test_run_logs_the_golden_rows[adaptive_offpolicy]": 94,
-    "tests/test_experiments_cli.py::test_every_study_quick_mode_writes_its_files[lr_envelope]": 110,
-    "tests/test_experiments_cli.py::test_every_study_quick_mode_writes_its_files[noise_length]": 70,
+    "tests/test_experiments_cli.py::test_every_study_quick_mode_writes_its_files[batch_law]": 195,
+    "tests/test_experiments_cli.py::test_every_study_quick_mode_writes_its_files[noise]": 136,
+    "tests/test_multihost.py::test_a_distributed_sweep_matches_one_process_and_survives_preemption": 129,
+    "tests/test_golden.py::test_run_logs_the_golden_rows[adaptive_offpolicy]": 111,
+    "tests/test_sft.py::test_committed_sft_config_lands_in_the_band": 86,
+    "tests/test_experiments_cli.py::test_every_study_quick_mode_writes_its_files[noise_length]": 58,
     "tests/test_sharding.py::test_sharded_run_matches_single_device": 54,
-    "tests/test_floors.py::test_bench_planner_quick_prints_its_result": 47,
-    "tests/test_golden.py::test_run_logs_the_golden_rows[quickstart]": 43,
-    "tests/test_reliability.py::test_sweep_with_two_workers_gives_the_single_process_results": 43,
-    "tests/test_reliability.py::test_sigkill_mid_run_then_restart_equals_uninterrupted_run": 38,
-    "tests/test_reliability.py::test_sweep_cli_runs_the_grid": 35,
-    "tests/test_colab.py::test_tour_runs_at_tiny_size": 32,
-    "tests/test_readme.py::test_quickstart_then_plan_run_in_order_at_smoke_size": 31,
-    "tests/test_hf.py::test_gsm8k_qwen_smoke_run_from_checkpoint": 26,
-    "tests/test_floors.py::test_calibrate_measures_this_machine": 25,
-    "tests/test_train.py::test_exact_noise_by_ghost_matches_vmap_in_the_trainer": 24,
-    "tests/test_golden.py::test_run_logs_the_golden_rows[ppo_kl]": 23,
+    "tests/test_reliability.py::test_sigkill_mid_run_then_restart_equals_uninterrupted_run": 49,
+    "tests/test_experiments_cli.py::test_every_study_quick_mode_writes_its_files[lr_envelope]": 47,
+    "tests/test_floors.py::test_bench_planner_quick_prints_its_result": 45,
+    "tests/test_colab.py::test_tour_runs_at_tiny_size": 42,
+    "tests/test_golden.py::test_run_logs_the_golden_rows[quickstart]": 39,
+    "tests/test_op_profile.py::test_bench_sampler_quick_profile_says_where_the_time_goes": 31,
+    "tests/test_objective.py::test_per_rollout_and_split_statistics_match_a_python_loop[token_mean]": 31,
+    "tests/test_train.py::test_exact_noise_by_ghost_matches_vmap_in_the_trainer": 31,
+    "tests/test_train.py::test_ppo_with_kl_penalty_runs_end_to_end": 30,
+    "tests/test_experiments_cli.py::test_every_study_quick_mode_writes_its_files[adaptive_wallclock]": 28,
+    "tests/test_train.py::test_main_writes_metrics_checkpoint_and_resumes": 27,
+    "tests/test_reliability.py::test_sweep_with_two_workers_gives_the_single_process_results": 26,
+    "tests/test_paths.py::test_kill_before_any_upload_then_rerun_equals_an_uninterrupted_run": 24,
+    "tests/test_main.py::test_run_records_trains_resumes_and_plan_reads_the_workdir": 20,
+    "tests/test_paths.py::test_run_on_a_bucket_writes_everything_there_and_resumes": 20,
+    "tests/test_hf.py::test_gsm8k_qwen_smoke_run_from_checkpoint": 19,
+    "tests/test_floors.py::test_calibrate_measures_this_machine": 19,
 }
 
 
