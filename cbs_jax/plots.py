@@ -1011,13 +1011,12 @@ def noise_length(
 
 
 def _sig(a):
-  """``a`` (array-like, masks kept) with every value at
-  ``report.STABLE_DIGITS`` significant digits (correctly rounded, through
-  the decimal string, so the result depends on the value alone)."""
+  """``a`` (array-like, masks kept) with every value rounded by
+  ``report.stable`` (the committed tables' digits)."""
   if not np.size(a):
     return a
   a = np.ma.asarray(a, dtype=np.float64)
-  flat = np.array([float(f"{v:.{report.STABLE_DIGITS}g}") for v in a.data.ravel()])
+  flat = np.array(report.stable(a.data.ravel().tolist()), np.float64)
   return np.ma.array(flat.reshape(a.shape), mask=np.ma.getmask(a))
 
 
