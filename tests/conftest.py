@@ -1,4 +1,5 @@
-"""One persistent XLA compilation cache for the whole test session.
+"""One persistent XLA compilation cache for the whole test session, and a
+faster compile (XLA optimization level 0, tests/envs.py: ``QUICK_COMPILE``).
 
 Most tests build a tiny trainer and compile the same programs again: a
 second run of a config, a resumed run, every run of an experiment's --quick
@@ -18,6 +19,8 @@ import os
 import shutil
 import tempfile
 
+import envs
+
 CACHE_ENV = {
     "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
     "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0",
@@ -26,6 +29,9 @@ _OWNED = []  # a directory this process created (removed at the end)
 
 
 def pytest_configure(config):
+  flags = os.environ.get("XLA_FLAGS", "")
+  if "--xla_backend_optimization_level" not in flags:  # a level the user set is kept
+    os.environ["XLA_FLAGS"] = f"{flags} {envs.QUICK_COMPILE}".strip()
   if "JAX_COMPILATION_CACHE_DIR" in os.environ:  # the user's, or the controller's
     return
   cache_dir = tempfile.mkdtemp(prefix="cbs_jax_test_xla_cache_")

@@ -32,6 +32,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "golden"))
 
 import make_golden  # noqa: E402  pylint: disable=wrong-import-position
+from envs import call_at_default_level  # noqa: E402  pylint: disable=wrong-import-position
 
 INTERVAL_SUFFIXES = ("/b_noise_lo", "/b_noise_hi", "/signal_lo", "/signal_hi")
 REDEFINED_PREFIXES = ("noise_split_adam/", "noise_ema_adam/")
@@ -99,10 +100,11 @@ def test_run_logs_the_golden_rows(case, tmp_path):
   none, no match skips, naming the processor -- the numbers of another
   instruction set are not this test's to judge. Any fixture, not only this
   fingerprint's: two machines with the same fingerprint can differ in the
-  last bits (tests/golden/make_golden.py, "Why per processor")."""
+  last bits (tests/golden/make_golden.py, "Why per processor"). The run
+  compiles at XLA's default level, as the fixtures' did (tests/envs.py)."""
   stored = make_golden.fixtures(case)
   fp = make_golden.fingerprint()
-  got = make_golden.run_case(case, str(tmp_path))
+  got = call_at_default_level(make_golden.run_case, case, str(tmp_path))
   diffs = {k: diff_rows(v["rows"], got) for k, v in stored.items()}
   if any(not d for d in diffs.values()):
     return
