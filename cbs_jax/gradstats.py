@@ -144,18 +144,7 @@ def split_grads(
   ``moments`` is the pair (raw moments, moments of the metric-scaled cell
   gradients).
   """
-  counts = objective.counts_of(batch)
-  cells = jax.tree.map(lambda x: _grid(x, P, K, m, n), batch)
-  scale = m * n  # q_ab = (N / |cell|) * grad(sum_{i in cell} L_i) = m*n*grad(...)
-
-  def cell_grad(cell):
-    (loss, aux), g = jax.value_and_grad(_loss_sum, has_aux=True)(
-        params, graphdef, cell, counts, rl_spec, sampling_spec
-    )
-    return loss, jax.tree.map(lambda t: scale * t, g), aux
-
-  cell_grad_n = jax.vmap(cell_grad)
-  losses, q, aux = jax.vmap(cell_grad_n)(cells)
+  losses, q, aux = cell_grads(params, graphdef, batch, P, K, rl_spec, sampling_spec, m, n)
   grad = jax.tree.map(lambda t: jnp.mean(t, axis=(0, 1)), q)
 
   # aux back to batch order: [m, n, (P/m)(K/n), T] -> [P*K, T]
@@ -169,6 +158,34 @@ def split_grads(
     d = metric(grad) if callable(metric) else metric
     moments = (moments, _leaf_split_moments(_scaled(q, d, 2), P, K))
   return jnp.sum(losses), grad, aux, moments
+
+
+def cell_grads(
+    params,
+    graphdef,
+    batch,
+    P: int,
+    K: int,
+    rl_spec: rl.RLSpec,
+    sampling_spec: scoring.SamplingSpec,
+    m: int = 2,
+    n: int = 2,
+):
+  """The m x n grid's cell gradients, before any moment: ``(losses, q,
+  aux)`` with ``losses`` [m, n] (each cell's summed loss), ``q`` the cell
+  gradients q_ab (leaves [m, n, ...], ``split_grads``) and ``aux`` the
+  per-token aux in grid order [m, n, (P/m)(K/n), T]."""
+  counts = objective.counts_of(batch)
+  cells = jax.tree.map(lambda x: _grid(x, P, K, m, n), batch)
+  scale = m * n  # q_ab = (N / |cell|) * grad(sum_{i in cell} L_i) = m*n*grad(...)
+
+  def cell_grad(cell):
+    (loss, aux), g = jax.value_and_grad(_loss_sum, has_aux=True)(
+        params, graphdef, cell, counts, rl_spec, sampling_spec
+    )
+    return loss, jax.tree.map(lambda t: scale * t, g), aux
+
+  return jax.vmap(jax.vmap(cell_grad))(cells)
 
 
 def _leaf_split_moments(q, P, K):

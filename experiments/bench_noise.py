@@ -30,6 +30,10 @@ load from other processes hits all of them alike; median of --repeats:
          batch), accumulating on device the prompt's gradient sum and the
          per-leaf squared norm; 256 + 16 dispatches per pass.
 
+Breakdown of the split path: "split cells only" is ``gradstats.cell_grads``
+and their mean (the batch gradient) without the moments: what the 2 x 2 grid
+itself costs.
+
 Breakdown of the exact path (to see what it costs):
 
 * vmap-grad only: the same ``lax.scan`` over chunks of ``vmap(grad)``, each
@@ -164,6 +168,13 @@ def vmap_grad_only(params, graphdef, batch, P, K, rl_cfg, s_cfg, chunk_prompts):
   return out
 
 
+def split_cells_only(params, graphdef, batch, P, K, rl_cfg, s_cfg):
+  """split_grads without its moments: the cell gradients' summed loss, mean
+  (the batch gradient) and aux."""
+  losses, q, aux = gradstats.cell_grads(params, graphdef, batch, P, K, rl_cfg, s_cfg)
+  return jnp.sum(losses), jax.tree.map(lambda t: jnp.mean(t, axis=(0, 1)), q), aux
+
+
 def prompt_grads(params, graphdef, batch, P, K, rl_cfg, s_cfg):
   """N * grad of each prompt's summed loss / K = gbar_p, for all p (vmap over P)."""
   counts = objective.counts_of(batch)
@@ -286,6 +297,7 @@ def main():
   for C in sorted({C0, 1, 2, P}) if not args.quick else [C0]:
     paths[f"exact c{C}"] = exact_fn(C)
   if not args.quick:
+    paths["  split cells only"] = lambda p, b: split_cells_only(p, graphdef, b, P, K, rl_cfg, s_cfg)
     paths[f"  vmap-grad only c{C0}"] = lambda p, b: vmap_grad_only(
         p, graphdef, b, P, K, rl_cfg, s_cfg, C0
     )
