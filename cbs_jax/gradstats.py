@@ -160,21 +160,12 @@ def split_grads(
   return jnp.sum(losses), grad, aux, moments
 
 
-def cell_grads(
-    params,
-    graphdef,
-    batch,
-    P: int,
-    K: int,
-    rl_spec: rl.RLSpec,
-    sampling_spec: scoring.SamplingSpec,
-    m: int = 2,
-    n: int = 2,
-):
-  """The m x n grid's cell gradients, before any moment: ``(losses, q,
-  aux)`` with ``losses`` [m, n] (each cell's summed loss), ``q`` the cell
-  gradients q_ab (leaves [m, n, ...], ``split_grads``) and ``aux`` the
-  per-token aux in grid order [m, n, (P/m)(K/n), T]."""
+def cell_grads(params, graphdef, batch, P, K, rl_spec, sampling_spec, m=2, n=2):
+  """The m x n grid's cell gradients, before any moment (arguments as
+  ``split_grads``'s): ``(losses, q, aux)`` with ``losses`` [m, n] (each
+  cell's summed loss), ``q`` the cell gradients q_ab (leaves [m, n, ...],
+  ``split_grads``) and ``aux`` the per-token aux in grid order
+  [m, n, (P/m)(K/n), T]."""
   counts = objective.counts_of(batch)
   cells = jax.tree.map(lambda x: _grid(x, P, K, m, n), batch)
   scale = m * n  # q_ab = (N / |cell|) * grad(sum_{i in cell} L_i) = m*n*grad(...)
