@@ -1,14 +1,13 @@
-"""The experiment scripts' command lines: ``--help`` for each and a bad flag
-(in this process: the script loaded as a module, its ``main(argv)`` run from
-another directory), and every study's ``--quick`` mode end to end, chained
-the way the full studies are: the on-policy sweep first, the others reading
-its runs back. Each must write the files its docstring promises, under
-``--out`` only."""
+"""The experiment scripts' command lines: ``--help`` for each, a bad flag,
+and every study's ``--quick`` mode end to end, chained the way the full
+studies are: the on-policy sweep first, the others reading its runs back.
+Each must write the files its docstring promises, under ``--out`` only.
+All in this process (``experiment_scripts.run``: the script loaded as a
+module, its ``main(argv)`` run from another directory), as the command line
+runs it, without a new interpreter's imports per step."""
 
 import importlib.util
 import os
-import subprocess
-import sys
 
 import pytest
 
@@ -322,31 +321,9 @@ CHAINS = {
 }
 
 
-def _run(script, *args, cwd, timeout):
-  return subprocess.run(
-      [sys.executable, os.path.join(ROOT, "experiments", f"{script}.py"), *args],
-      cwd=cwd,
-      capture_output=True,
-      text=True,
-      timeout=timeout,
-  )
-
-
-def _main_in_process(script, *args, cwd, monkeypatch, capsys):
-  """experiments/<script>.py's main(args) run from cwd, as the command line
-  runs it: (exit code, stdout, stderr)."""
-  monkeypatch.chdir(cwd)
-  with pytest.raises(SystemExit) as done:
-    experiment_scripts.load(script).main(list(args))
-  out = capsys.readouterr()
-  return done.value.code, out.out, out.err
-
-
 @pytest.mark.parametrize("script", sorted(FLAGS))
-def test_help_lists_flags(script, tmp_path, monkeypatch, capsys):
-  code, stdout, stderr = _main_in_process(
-      script, "--help", cwd=tmp_path, monkeypatch=monkeypatch, capsys=capsys
-  )
+def test_help_lists_flags(script, tmp_path):
+  code, stdout, stderr = experiment_scripts.run(script, ["--help"], cwd=tmp_path)
   assert code == 0, stderr
   for flag in FLAGS[script]:
     assert flag in stdout, (flag, stdout)
@@ -441,8 +418,10 @@ def test_every_study_quick_mode_writes_its_files(chain, tmp_path):
   out = tmp_path / "out"
   for script, extra, files in CHAINS[chain]:
     extra = [e.format(out=out) for e in extra]
-    p = _run(script, "--quick", f"--out={out}", *extra, cwd=tmp_path, timeout=900)
-    assert p.returncode == 0, (script, p.stdout[-2000:] + p.stderr[-4000:])
+    code, stdout, stderr = experiment_scripts.run(
+        script, ["--quick", f"--out={out}", *extra], cwd=tmp_path
+    )
+    assert code == 0, (script, stdout[-2000:] + stderr[-4000:])
     for name in files:  # under <out>/<script>/, or <out>/ when it names its folder
       f = out / name if "/" in name else out / script / name
       assert f.is_file() and f.stat().st_size > 0, (script, name, sorted(os.listdir(f.parent)))
@@ -454,8 +433,10 @@ def test_every_study_quick_mode_writes_its_files(chain, tmp_path):
 @pytest.mark.slow
 def test_sft_headroom_quick_writes_outputs(tmp_path):
   out = tmp_path / "out"
-  p = _run("sft_headroom", "--quick", f"--out={out}", cwd=tmp_path, timeout=300)
-  assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-4000:]
+  code, stdout, stderr = experiment_scripts.run(
+      "sft_headroom", ["--quick", f"--out={out}"], cwd=tmp_path
+  )
+  assert code == 0, stdout[-2000:] + stderr[-4000:]
   assert (out / "sft_headroom" / "sft_headroom.md").stat().st_size > 0
   assert sorted(os.listdir(tmp_path)) == ["out"]
 
@@ -470,10 +451,8 @@ def test_sft_headroom_quick_writes_outputs(tmp_path):
         ("drift_noise", ["--design=regime", "--variants=pg8"], "'pg8' is not an e<E>x<L>"),
     ],
 )
-def test_bad_flag_is_an_error(script, flags, message, tmp_path, monkeypatch, capsys):
-  code, _, stderr = _main_in_process(
-      script, *flags, cwd=tmp_path, monkeypatch=monkeypatch, capsys=capsys
-  )
+def test_bad_flag_is_an_error(script, flags, message, tmp_path):
+  code, _, stderr = experiment_scripts.run(script, flags, cwd=tmp_path)
   assert code == 2 and message in stderr, stderr
 
 

@@ -1,14 +1,15 @@
 """``--replot``: a study's committed tables, records and figures rebuilt from
 its committed files alone (no runs), byte for byte, from a copy of
 ``experiments/results`` -- so a reader can regenerate what the README shows
-and a changed analysis shows up as a diff of committed files."""
+and a changed analysis shows up as a diff of committed files. Each script
+runs in this process (``experiment_scripts.run``), as its command line."""
 
 import os
 import shutil
-import subprocess
-import sys
 
 import pytest
+
+from tests import experiment_scripts
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS = os.path.join(ROOT, "experiments", "results")
@@ -70,21 +71,10 @@ def test_replot_rebuilds_the_committed_files_byte_for_byte(study, tmp_path):
     shutil.copytree(os.path.join(RESULTS, name), out / name)
   shutil.copytree(os.path.join(RESULTS, committed_as), out / folder)
   before = {f.name: f.stat().st_mtime_ns for f in (out / folder).iterdir()}
-  p = subprocess.run(
-      [
-          sys.executable,
-          os.path.join("experiments", f"{script}.py"),
-          *flags,
-          "--replot",
-          f"--out={out}",
-          f"--root={tmp_path / 'no_runs'}",
-      ],
-      cwd=ROOT,
-      capture_output=True,
-      text=True,
-      timeout=600,
+  code, stdout, stderr = experiment_scripts.run(
+      script, [*flags, "--replot", f"--out={out}", f"--root={tmp_path / 'no_runs'}"], cwd=ROOT
   )
-  assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-4000:]
+  assert code == 0, stdout[-2000:] + stderr[-4000:]
   assert not (tmp_path / "no_runs").exists()  # nothing was run
   committed = sorted(os.listdir(os.path.join(RESULTS, committed_as)))
   assert sorted(os.listdir(out / folder)) == committed
