@@ -46,40 +46,46 @@ def pytest_unconfigure(config):
     shutil.rmtree(d, ignore_errors=True)
 
 
-# The longest tests of the full suite, in seconds (``.ci/run``'s
-# ``--durations=30`` at commit ea24bde on the 2-core machine, its slower
-# processor, compiling at level 0). They are started
+# The longest tests of the full suite, in seconds, set-up included
+# (``.ci/run`` with ``--durations=0`` at commit d3c5f35 on the 2-core
+# machine, its slower processor, compiling at level 0). They are started
 # first: a chain that starts last keeps one core busy while the other has
 # long finished. The order changes nothing else. It balances the two workers
 # only with ``--maxschedchunk=1`` (pytest.ini): by default xdist's first
 # batch per worker is a quarter of its share, consecutive (144 of 1,155
-# tests), so every test below went to worker 0 -- in that run the tests took
-# 2,137 s in all (1,069 s per worker if shared evenly) and the run 1,277 s.
+# tests), so every test below went to worker 0 -- in that run (commit
+# ac0e73f) the tests took 2,137 s in all (1,069 s per worker if shared
+# evenly) and the run 1,277 s. At d3c5f35: 1,973 s in all, the run 1,016 s.
 LONGEST = {
-    "tests/test_experiments_cli.py::test_every_study_quick_mode_writes_its_files[batch_law]": 154,
-    "tests/test_experiments_cli.py::test_every_study_quick_mode_writes_its_files[noise]": 108,
-    "tests/test_golden.py::test_run_logs_the_golden_rows[adaptive_offpolicy]": 95,
-    "tests/test_multihost.py::test_a_distributed_sweep_matches_one_process_and_survives_preemption": 89,
-    "tests/test_sft.py::test_committed_sft_config_lands_in_the_band": 85,
-    "tests/test_experiments_cli.py::test_every_study_quick_mode_writes_its_files[lr_envelope]": 50,
-    "tests/test_golden.py::test_run_logs_the_golden_rows[quickstart]": 46,
-    "tests/test_experiments_cli.py::test_every_study_quick_mode_writes_its_files[noise_length]": 44,
-    "tests/test_reliability.py::test_sigkill_mid_run_then_restart_equals_uninterrupted_run": 41,
-    "tests/test_sharding.py::test_sharded_run_matches_single_device": 40,
+    "tests/test_multihost.py::test_a_distributed_sweep_matches_one_process_and_survives_preemption": 113,
+    "tests/test_golden.py::test_run_logs_the_golden_rows[adaptive_offpolicy]": 110,
+    "tests/test_experiments_cli.py::test_every_study_quick_mode_writes_its_files[batch_law]": 108,
+    "tests/test_sft.py::test_committed_sft_config_lands_in_the_band": 99,
+    "tests/test_experiments_cli.py::test_every_study_quick_mode_writes_its_files[noise]": 74,
+    "tests/test_golden.py::test_run_logs_the_golden_rows[quickstart]": 54,
+    "tests/test_reliability.py::test_sigkill_mid_run_then_restart_equals_uninterrupted_run": 50,
+    "tests/test_experiments_cli.py::test_every_study_quick_mode_writes_its_files[lr_envelope]": 47,
+    "tests/test_floors.py::test_bench_planner_quick_prints_its_result": 43,
+    "tests/test_sharding.py::test_sharded_run_matches_single_device": 43,
+    "tests/test_train.py::test_main_writes_metrics_checkpoint_and_resumes": 42,
+    "tests/test_train.py::test_exact_noise_by_ghost_matches_vmap_in_the_trainer": 40,
     "tests/test_colab.py::test_tour_runs_at_tiny_size": 40,
-    "tests/test_op_profile.py::test_bench_sampler_quick_profile_says_where_the_time_goes": 30,
-    "tests/test_train.py::test_main_writes_metrics_checkpoint_and_resumes": 28,
-    "tests/test_reliability.py::test_sweep_with_two_workers_gives_the_single_process_results": 28,
-    "tests/test_objective.py::test_per_rollout_and_split_statistics_match_a_python_loop[token_mean]": 27,
-    "tests/test_train.py::test_exact_noise_by_ghost_matches_vmap_in_the_trainer": 27,
-    "tests/test_paths.py::test_kill_before_any_upload_then_rerun_equals_an_uninterrupted_run": 27,
-    "tests/test_floors.py::test_bench_planner_quick_prints_its_result": 26,
-    "tests/test_experiments_cli.py::test_every_study_quick_mode_writes_its_files[adaptive_wallclock]": 25,
-    "tests/test_golden.py::test_run_logs_the_golden_rows[ppo_kl]": 23,
-    "tests/test_train.py::test_ppo_with_kl_penalty_runs_end_to_end": 19,
-    "tests/test_experiments_cli.py::test_bench_malloc_quick_runs_each_arm_in_its_own_process": 18,
-    "tests/test_reliability.py::test_sweep_cli_runs_the_grid": 16,
-    "tests/test_readme.py::test_quickstart_then_plan_run_in_order_at_smoke_size": 15,
+    "tests/test_op_profile.py::test_bench_sampler_quick_profile_says_where_the_time_goes": 39,
+    "tests/test_golden.py::test_run_logs_the_golden_rows[ppo_kl]": 38,
+    "tests/test_experiments_cli.py::test_every_study_quick_mode_writes_its_files[noise_length]": 38,
+    "tests/test_paths.py::test_kill_before_any_upload_then_rerun_equals_an_uninterrupted_run": 37,
+    "tests/test_objective.py::test_per_rollout_and_split_statistics_match_a_python_loop[token_mean]": 36,
+    "tests/test_train.py::test_ppo_with_kl_penalty_runs_end_to_end": 31,
+    "tests/test_reliability.py::test_sweep_with_two_workers_gives_the_single_process_results": 30,
+    "tests/test_experiments_cli.py::test_every_study_quick_mode_writes_its_files[adaptive_wallclock]": 28,
+    "tests/test_floors.py::test_calibrate_measures_this_machine": 26,
+    "tests/test_bf16.py::test_bf16_run_keeps_float32_optimizer_state_and_statistics": 21,
+    "tests/test_experiments_cli.py::test_bench_malloc_quick_runs_each_arm_in_its_own_process": 20,
+    "tests/test_hf.py::test_gsm8k_qwen_smoke_run_from_checkpoint": 19,
+    "tests/test_reliability.py::test_sweep_cli_runs_the_grid": 18,
+    "tests/test_ghost.py::test_gradstats_dispatches_to_ghost": 18,
+    "tests/test_objective.py::test_per_rollout_and_split_statistics_match_a_python_loop[seq_mean_token_sum_norm]": 18,
+    "tests/test_readme.py::test_quickstart_then_plan_run_in_order_at_smoke_size": 17,
 }
 
 
