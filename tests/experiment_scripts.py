@@ -4,9 +4,9 @@ can call their ``main(argv)`` in its own process instead of starting a Python
 import; its run is behind ``if __name__ == "__main__"``, and ``main(argv)``
 parses ``argv`` first, exactly as the command line would.
 
-``run`` is the command line in this process: a new interpreter costs 5-7 s
-of imports on the 2-core machine before the script does anything, which was
-a third of the suite's study chains and most of its ``--replot`` checks."""
+``run`` is the command line in this process: a new interpreter imports JAX
+and the project again before the script does anything, which was a large
+part of the suite's study chains and most of its ``--replot`` checks."""
 
 import contextlib
 import functools

@@ -135,8 +135,9 @@ def test_per_rollout_and_split_statistics_match_a_python_loop(mode):
   g = naive_per_rollout_grads(graphdef, params, batch, rl_cfg, s_cfg)
   counts = objective.counts_of(batch)
   # each path compiled as one program (op by op, every primitive is its own
-  # compile: 3x the test's time)
+  # compile: most of the test's time)
   vg = jax.jit(jax.value_and_grad(objective.batch_loss, has_aux=True), static_argnums=(1, 4, 5))
+  moments = jax.jit(gradstats.group_moments, static_argnums=(1, 3, 4, 5, 6, 7))
   (_, _), grad = vg(params, graphdef, batch, counts, rl_cfg, s_cfg)
   flat_grad = np.concatenate([np.ravel(x) for x in jax.tree.leaves(grad)])
   # mean of g_i is exactly the batch gradient
@@ -144,7 +145,6 @@ def test_per_rollout_and_split_statistics_match_a_python_loop(mode):
   ref = noise.moments_from_grads(jnp.asarray(g, jnp.float32))
   # chunked (1 prompt per chunk) and unchunked (all prompts) streaming paths
   for chunk in (1, 2, P):
-    moments = jax.jit(gradstats.group_moments, static_argnums=(1, 3, 4, 5, 6, 7))
     m = gradstats.sum_leaves(moments(params, graphdef, batch, P, K, rl_cfg, s_cfg, chunk))
     np.testing.assert_allclose(m.sum_sqnorm_P, ref.sum_sqnorm_P, rtol=1e-4)
     np.testing.assert_allclose(m.mean_sqnorm_P, ref.mean_sqnorm_P, rtol=1e-4)
