@@ -335,10 +335,21 @@ class RMSNorm(Tapped):
     return self._tap("scale", y * self.scale[...], y).astype(x.dtype)
 
 
-def rope_sincos(positions_BxT: Array, head_dim: int, theta: float, inv_freq=None):
+def rope_sincos(
+    positions_BxT: Array, head_dim: int, theta: float, inv_freq=None, num_positions=None
+):
   """(sin, cos) of the RoPE angles at explicit integer positions, each
   [B, T, 1, head_dim/2] float32: computed once per forward and shared by every
-  layer (sin/cos are slow on a CPU; per layer they cost more than the cache).
+  layer.
+
+  With ``num_positions`` (static) sin and cos are evaluated once for each
+  position 0 .. num_positions - 1 and looked up by position; a position
+  outside that range gives NaN, not a wrong rotation. Why a table: XLA fuses
+  a cheap producer into each of its consumers, so sin/cos of the [B, T]
+  angles end up evaluated again inside every layer's q and k rotation, per
+  element of the rotated heads (docs/planner.md, "RoPE as a table"); the
+  looked-up rows it fuses instead are loads. Same values either way: the same float32 angle goes
+  through the same sin and cos.
 
   ``inv_freq`` (head_dim/2 frequencies, see ``rope_inv_freq``) overrides the
   default ``theta^(-2i/head_dim)``, e.g. for a scaled RoPE."""
@@ -347,8 +358,12 @@ def rope_sincos(positions_BxT: Array, head_dim: int, theta: float, inv_freq=None
     freq = theta ** (-jnp.arange(0, d, 2, dtype=jnp.float32) / d)
   else:
     freq = jnp.asarray(inv_freq, jnp.float32)
-  ang = positions_BxT.astype(jnp.float32)[..., None] * freq  # B,T,D/2
-  return jnp.sin(ang)[:, :, None, :], jnp.cos(ang)[:, :, None, :]
+  if num_positions is None:
+    ang = positions_BxT.astype(jnp.float32)[..., None] * freq  # B,T,D/2
+    return jnp.sin(ang)[:, :, None, :], jnp.cos(ang)[:, :, None, :]
+  ang = jnp.arange(num_positions, dtype=jnp.float32)[:, None] * freq  # S,D/2
+  look = lambda table: jnp.take(table, positions_BxT, axis=0, mode="fill")[:, :, None, :]
+  return look(jnp.sin(ang)), look(jnp.cos(ang))
 
 
 def apply_rope(x_BxTxHxD: Array, sincos) -> Array:
@@ -510,8 +525,13 @@ class Transformer(Tapped):
   ) -> Output:
     x = self._tap("embed", self.embed[...][tokens_BxT].astype(self.dtype))
     a = self.blocks[0].attn
+    # positions count the real tokens before a slot, so they lie in [0, S)
     sincos = rope_sincos(
-        positions_BxT, a.head_dim, a.theta, rope_inv_freq(a.head_dim, a.theta, a.rope_scaling)
+        positions_BxT,
+        a.head_dim,
+        a.theta,
+        rope_inv_freq(a.head_dim, a.theta, a.rope_scaling),
+        num_positions=kv_mask_BxS.shape[1],
     )
     new_cache = []
     for i, block in enumerate(self.blocks):

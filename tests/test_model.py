@@ -321,6 +321,27 @@ def test_masked_key_is_ignored(tiny):
   )
 
 
+@pytest.mark.parametrize("inv_freq", [None, np.array([1.0, 0.3, 0.01, 1e-4], np.float32)])
+def test_rope_table_lookup_is_the_angles_at_each_position(inv_freq):
+  """The forward's RoPE angles come from a table of S rows looked up by
+  position: the same bits as sin/cos evaluated at each position, both close
+  to float64 numpy, and NaN (not some other row) for a position outside the
+  table."""
+  head_dim, theta, S = 8, 100.0, 37
+  pos = np.random.default_rng(0).integers(0, S, (3, 11)).astype(np.int32)
+  lookup = jax.jit(lambda p: model.rope_sincos(p, head_dim, theta, inv_freq, num_positions=S))
+  direct = jax.jit(lambda p: model.rope_sincos(p, head_dim, theta, inv_freq))
+  freq = theta ** (-np.arange(0, head_dim, 2) / head_dim) if inv_freq is None else inv_freq
+  ang = pos[..., None].astype(np.float64) * freq  # B, T, D/2
+  for got, same, want in zip(lookup(pos), direct(pos), (np.sin(ang), np.cos(ang))):
+    assert got.shape == (3, 11, 1, head_dim // 2)
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(same))
+    np.testing.assert_allclose(np.asarray(got)[:, :, 0], want, atol=2e-6, rtol=0)
+  outside = np.array([[0, S, S + 5]], np.int32)
+  for got in lookup(outside):
+    assert np.all(np.isfinite(np.asarray(got[0, 0]))) and np.all(np.isnan(np.asarray(got[0, 1:])))
+
+
 # ---------------------------------------------------------------------------
 # dtypes, heads, config validation
 # ---------------------------------------------------------------------------
