@@ -60,10 +60,14 @@ is the analysis of one per-rollout step.
 Cross-checks printed: split grad vs plain grad, and every exact variant's
 GroupMoments (summed over leaves) vs the loop's (independent computation).
 
-The last line is
-    RESULT overhead_vs_plain_grad=<exact/plain> split_overhead=<split/plain> speedup_vs_loop=<loop/exact> ghost_overhead=<ghost/plain>
-with exact the vmap path at the config's chunk_prompts and ghost
-``ghost.moments_and_grad``.
+The goals (split <= 1.05x, ghost <= 1.2x a plain gradient) are read off
+the repeats' paired ratios (split and plain are timed in the same repeat):
+their median with a 90% bootstrap interval (``stats.paired_ratio``) and the
+verdict ``met`` / ``not met`` / ``unresolved`` (``stats.goal_verdict``: the
+interval on the goal's side, on the other, or across it). The last line is
+    RESULT overhead_vs_plain_grad=<exact/plain> speedup_vs_loop=<loop/exact> split_overhead=<median paired split/plain> split_lo=<> split_hi=<> split_goal=<verdict> ghost_overhead=<...> ghost_lo=<> ghost_hi=<> ghost_goal=<verdict>
+with exact the vmap path at the config's chunk_prompts (ratio of medians)
+and ghost ``ghost.moments_and_grad``.
 """
 
 from __future__ import annotations
@@ -83,8 +87,11 @@ from cbs_jax import noise
 from cbs_jax import objective
 from cbs_jax import run_setup
 from cbs_jax import sft
+from cbs_jax import stats
 from cbs_jax import train
 from configs import default as default_cfg
+
+LEVEL = 0.9  # the goals' intervals
 
 
 def load_params(config, setup, base_dir):
@@ -418,10 +425,21 @@ def main():
       f"plain / N = {base / N * 1e3:.2f} ms per rollout)"
   )
   ex = med[f"exact c{C0}"]
-  gh = f" ghost_overhead={med['ghost'] / base:.3f}" if "ghost" in med else ""
+  result = []
+  for name, key, goal in (("split", "split", 1.05), ("ghost", "ghost", 1.2)):
+    if name not in times:
+      continue
+    r, lo, hi = stats.paired_ratio(times[name], times["plain"], LEVEL)
+    verdict = stats.goal_verdict(lo, hi, goal)
+    print(
+        f"{name} / plain, median of the {len(times[name])} paired ratios: {r:.3f} "
+        f"[{lo:.3f}, {hi:.3f}] ({LEVEL:.0%} bootstrap): goal <= {goal}: {verdict}"
+    )
+    v = verdict.replace(" ", "_")
+    result.append(f"{key}_overhead={r:.3f} {key}_lo={lo:.3f} {key}_hi={hi:.3f} {key}_goal={v}")
   print(
-      f"RESULT overhead_vs_plain_grad={ex / base:.3f} "
-      f"split_overhead={med['split'] / base:.3f} speedup_vs_loop={med['loop'] / ex:.2f}" + gh
+      f"RESULT overhead_vs_plain_grad={ex / base:.3f} speedup_vs_loop={med['loop'] / ex:.2f} "
+      + " ".join(result)
   )
 
 

@@ -43,7 +43,13 @@ compute-bound matmuls and memory-bound attention in turn). The last line is
 
     RESULT tokens_per_s=<cached, batch 1024> speedup_vs_recompute=<at batch 1024> decode_vs_roofline=<at batch 1024>
 
-followed, with ``--xla_option``, by ``option_speedup_b<B>=<x>`` for every batch.
+followed, with ``--xla_option``, by ``option_speedup_b<B>=<x>`` for every batch,
+and for batches 64 and 1,024 (the goals: at least 0.3 and 0.5 of the roofline)
+by ``decode_lo_b<B>``, ``decode_hi_b<B>`` and ``decode_goal_b<B>``: each run's
+call against the roofline of that run's probes, the median over runs with a
+90% bootstrap interval and its verdict, met, not met or unresolved
+(``stats.paired_ratio``, ``stats.goal_verdict``; at least 5 runs for an
+interval).
 
 ``--xla_option NAME=VALUE`` (repeatable) adds an arm per batch: the cached
 sampler compiled with those XLA compiler options (e.g.
@@ -71,9 +77,12 @@ from cbs_jax import op_profile
 from cbs_jax import probes as probes_lib
 from cbs_jax import sampling
 from cbs_jax import scoring
+from cbs_jax import stats
 from cbs_jax import systems
 
 PAD_ID = 0
+LEVEL = 0.9  # the goals' intervals
+GOALS = {64: 0.3, 1024: 0.5}  # batch: least fraction of the decode roofline
 
 
 def bench_config(preset: str = "1m", dtype: str = "float32"):
@@ -310,6 +319,32 @@ def main(argv=None):
           f"{speedups[B] * r['vs_roof']:.3f} of the roofline; same tokens {same:.4f}"
       )
   print(f"tokens/s rising with batch: {all(a['tok'] < b['tok'] for a, b in zip(rows, rows[1:]))}")
+  # the goals, per run: that run's call against the roofline of that run's probes
+  goals = []
+  for r in rows:
+    B = r["B"]
+    roof_s = [
+        systems.generation_roofline(
+            dims,
+            probes_lib.measured_accelerator(mm.flops(f), bw.bandwidth(b)),
+            B,
+            Tp,
+            n_new,
+            weight_bytes=w_bytes,
+            kv_bytes=kv_bytes,
+        )["seconds"]
+        for f, b in zip(times["matmul"], times["bandwidth"])
+    ]
+    r["frac"] = stats.paired_ratio(roof_s, times[f"cached {B}"], LEVEL)
+    if B in GOALS:
+      frac, lo, hi = r["frac"]
+      verdict = stats.goal_verdict(lo, hi, GOALS[B], at_most=False)
+      goals.append(f"decode_lo_b{B}={lo:.3f} decode_hi_b{B}={hi:.3f} decode_goal_b{B}={verdict}")
+      print(
+          f"batch {B}: decode at {frac:.3f} of its roofline [{lo:.3f}, {hi:.3f}] (median over "
+          f"the {len(roof_s)} runs, each against its own probes; {LEVEL:.0%} bootstrap): goal "
+          f">= {GOALS[B]}: {verdict}"
+      )
   last = rows[-1]
   if args.profile:
     try:  # a diagnostic: a profiler that cannot trace here must not cost the RESULT
@@ -326,6 +361,7 @@ def main(argv=None):
       f"RESULT tokens_per_s={last['tok']:.1f} speedup_vs_recompute={last['speedup']:.3f} "
       f"decode_vs_roofline={last['vs_roof']:.3f}"
       + "".join(f" option_speedup_b{B}={x:.3f}" for B, x in speedups.items())
+      + "".join(" " + g.replace("not met", "not_met") for g in goals)
   )
 
 

@@ -20,13 +20,16 @@ each shape is drawn with ``train.round_batch``.
 
 Both are warmed up (compile excluded) and timed round-robin with a float32
 2048^2 matmul (``probes.MatmulProbe``), each timed call right after an
-untimed call of the same path, medians of ``--repeats``. MFU:
+untimed call of the same path, medians of ``--repeats``; the speed-up is
+the median of the repeats' paired ratios host / scanned, with a 90% bootstrap
+interval and its verdict against the goal of 1.5x (``stats.paired_ratio``,
+``stats.goal_verdict``: met, not met or unresolved). MFU:
 training FLOPs of every update (``systems.train_flops``: 3 x a causal
 forward over prompt + completion tokens, = 6 x active params x tokens plus
 attention; the split path's extra work is not counted) over the scanned
 time, against the matmul's FLOP/s. Last line:
 
-    RESULT update_speedup=<host/scanned at off-policy shapes> update_mfu_vs_matmul=<float>
+    RESULT update_speedup=<host/scanned at off-policy shapes> update_lo=<> update_hi=<> update_goal=<verdict> update_mfu_vs_matmul=<float>
 """
 
 from __future__ import annotations
@@ -41,10 +44,14 @@ import numpy as np
 from cbs_jax import model as model_lib
 from cbs_jax import probes
 from cbs_jax import run_setup
+from cbs_jax import stats
 from cbs_jax import systems
 from cbs_jax import train
 from configs import default as default_cfg
 from configs import offpolicy as offpolicy_cfg
+
+LEVEL = 0.9  # the speed-up's interval
+GOAL = 1.5  # the scanned round at least this much faster than the host loop
 
 
 def make_case(c):
@@ -113,7 +120,7 @@ def bench(case, repeats: int, mm) -> dict:
       t = time.perf_counter()
       st[k] = case[k](st[k])
       ts[k].append(time.perf_counter() - t)
-  return {k: float(np.median(v)) for k, v in ts.items()}
+  return ts
 
 
 def main():
@@ -137,17 +144,25 @@ def main():
   res = {}
   for name, c in cases.items():
     case = make_case(c)
-    t = bench(case, repeats, mm)
+    ts = bench(case, repeats, mm)
+    t = {k: float(np.median(v)) for k, v in ts.items()}
     peak = mm.flops(t["matmul"])
     mfu = case["flops"] / t["scanned"] / peak
-    res[name] = dict(speedup=t["host"] / t["scanned"], mfu=mfu)
+    res[name] = dict(speedup=stats.paired_ratio(ts["host"], ts["scanned"], LEVEL), mfu=mfu)
     print(
         f"{name:<12}{case['params']:>9}{case['updates']:>8}{case['rollouts']:>13}"
         f"{t['host'] * 1e3:>10.1f}{t['scanned'] * 1e3:>12.1f}"
-        f"{t['host'] / t['scanned']:>9.2f}{mfu:>7.3f}  (matmul {peak / 1e9:.1f} GFLOP/s)"
+        f"{res[name]['speedup'][0]:>9.2f}{mfu:>7.3f}  (matmul {peak / 1e9:.1f} GFLOP/s)"
     )
+  r, lo, hi = res["offpolicy"]["speedup"]
+  verdict = stats.goal_verdict(lo, hi, GOAL, at_most=False)
   print(
-      f"RESULT update_speedup={res['offpolicy']['speedup']:.3f} "
+      f"off-policy speedup, median of the {repeats} paired ratios host / scanned: {r:.3f} "
+      f"[{lo:.3f}, {hi:.3f}] ({LEVEL:.0%} bootstrap): goal >= {GOAL}: {verdict}"
+  )
+  print(
+      f"RESULT update_speedup={r:.3f} update_lo={lo:.3f} update_hi={hi:.3f} "
+      f"update_goal={verdict.replace(' ', '_')} "
       f"update_mfu_vs_matmul={res['quickstart']['mfu']:.3f}"
   )
 
