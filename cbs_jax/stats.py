@@ -185,18 +185,23 @@ def ratio_of_means_interval(num, den, level: float = 0.9, n_boot: int = 4000, se
   a, b = np.asarray(num, np.float64), np.asarray(den, np.float64)
   if not b.min() > 0:  # the reference was at the target before its first update
     return None, None, None
-  boot = sps.bootstrap(
-      (a, b),
-      _ratio_of_means,
+  lo, hi = _bootstrap((a, b), _ratio_of_means, level, n_boot, seed, paired=False)
+  return float(a.mean() / b.mean()), lo, hi
+
+
+def _bootstrap(data, statistic, level, n_boot, seed, **kw) -> tuple[float, float]:
+  """Percentile bootstrap interval of a vectorized ``statistic`` of ``data``."""
+  ci = sps.bootstrap(
+      data,
+      statistic,
       n_resamples=n_boot,
       vectorized=True,
-      paired=False,
       confidence_level=level,
       method="percentile",
       random_state=np.random.default_rng(seed),
-  )
-  ci = boot.confidence_interval
-  return float(a.mean() / b.mean()), float(ci.low), float(ci.high)
+      **kw,
+  ).confidence_interval
+  return float(ci.low), float(ci.high)
 
 
 MIN_PAIRS = 5  # paired_ratio: fewer pairs give no interval
@@ -225,17 +230,7 @@ def paired_ratio(num, den, level: float = 0.9, n_boot: int = 4000, seed: int = 0
   r = a / b
   if r.size < MIN_PAIRS:
     return float(np.median(r)), 0.0, math.inf
-  boot = sps.bootstrap(
-      (r,),
-      np.median,
-      n_resamples=n_boot,
-      vectorized=True,
-      confidence_level=level,
-      method="percentile",
-      random_state=np.random.default_rng(seed),
-  )
-  ci = boot.confidence_interval
-  return float(np.median(r)), float(ci.low), float(ci.high)
+  return (float(np.median(r)),) + _bootstrap((r,), np.median, level, n_boot, seed)
 
 
 def goal_verdict(lo: float, hi: float, goal: float, at_most: bool = True) -> str:
