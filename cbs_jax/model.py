@@ -348,8 +348,8 @@ def rope_sincos(
   a cheap producer into each of its consumers, so sin/cos of the [B, T]
   angles end up evaluated again inside every layer's q and k rotation, per
   element of the rotated heads (docs/planner.md, "RoPE as a table"); the
-  looked-up rows it fuses instead are loads. Same values either way: the same float32 angle goes
-  through the same sin and cos.
+  looked-up rows it fuses instead are loads. Same values either way: the
+  same float32 angle goes through the same sin and cos.
 
   ``inv_freq`` (head_dim/2 frequencies, see ``rope_inv_freq``) overrides the
   default ``theta^(-2i/head_dim)``, e.g. for a scaled RoPE."""

@@ -426,7 +426,7 @@ def main():
   )
   ex = med[f"exact c{C0}"]
   result = []
-  for name, key, goal in (("split", "split", 1.05), ("ghost", "ghost", 1.2)):
+  for name, goal in (("split", 1.05), ("ghost", 1.2)):
     if name not in times:
       continue
     r, lo, hi = stats.paired_ratio(times[name], times["plain"], LEVEL)
@@ -436,7 +436,7 @@ def main():
         f"[{lo:.3f}, {hi:.3f}] ({LEVEL:.0%} bootstrap): goal <= {goal}: {verdict}"
     )
     v = verdict.replace(" ", "_")
-    result.append(f"{key}_overhead={r:.3f} {key}_lo={lo:.3f} {key}_hi={hi:.3f} {key}_goal={v}")
+    result.append(f"{name}_overhead={r:.3f} {name}_lo={lo:.3f} {name}_hi={hi:.3f} {name}_goal={v}")
   print(
       f"RESULT overhead_vs_plain_grad={ex / base:.3f} speedup_vs_loop={med['loop'] / ex:.2f} "
       + " ".join(result)

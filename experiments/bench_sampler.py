@@ -321,8 +321,7 @@ def main(argv=None):
   print(f"tokens/s rising with batch: {all(a['tok'] < b['tok'] for a, b in zip(rows, rows[1:]))}")
   # the goals, per run: that run's call against the roofline of that run's probes
   goals = []
-  for r in rows:
-    B = r["B"]
+  for B in [r["B"] for r in rows if r["B"] in GOALS]:
     roof_s = [
         systems.generation_roofline(
             dims,
@@ -335,16 +334,15 @@ def main(argv=None):
         )["seconds"]
         for f, b in zip(times["matmul"], times["bandwidth"])
     ]
-    r["frac"] = stats.paired_ratio(roof_s, times[f"cached {B}"], LEVEL)
-    if B in GOALS:
-      frac, lo, hi = r["frac"]
-      verdict = stats.goal_verdict(lo, hi, GOALS[B], at_most=False)
-      goals.append(f"decode_lo_b{B}={lo:.3f} decode_hi_b{B}={hi:.3f} decode_goal_b{B}={verdict}")
-      print(
-          f"batch {B}: decode at {frac:.3f} of its roofline [{lo:.3f}, {hi:.3f}] (median over "
-          f"the {len(roof_s)} runs, each against its own probes; {LEVEL:.0%} bootstrap): goal "
-          f">= {GOALS[B]}: {verdict}"
-      )
+    frac, lo, hi = stats.paired_ratio(roof_s, times[f"cached {B}"], LEVEL)
+    verdict = stats.goal_verdict(lo, hi, GOALS[B], at_most=False)
+    v = verdict.replace(" ", "_")
+    goals.append(f"decode_lo_b{B}={lo:.3f} decode_hi_b{B}={hi:.3f} decode_goal_b{B}={v}")
+    print(
+        f"batch {B}: decode at {frac:.3f} of its roofline [{lo:.3f}, {hi:.3f}] (median over "
+        f"the {len(roof_s)} runs, each against its own probes; {LEVEL:.0%} bootstrap): goal "
+        f">= {GOALS[B]}: {verdict}"
+    )
   last = rows[-1]
   if args.profile:
     try:  # a diagnostic: a profiler that cannot trace here must not cost the RESULT
@@ -361,7 +359,7 @@ def main(argv=None):
       f"RESULT tokens_per_s={last['tok']:.1f} speedup_vs_recompute={last['speedup']:.3f} "
       f"decode_vs_roofline={last['vs_roof']:.3f}"
       + "".join(f" option_speedup_b{B}={x:.3f}" for B, x in speedups.items())
-      + "".join(" " + g.replace("not met", "not_met") for g in goals)
+      + "".join(" " + g for g in goals)
   )
 
 
