@@ -338,6 +338,17 @@ def _check_split(P, K, m, n) -> None:
     )
 
 
+def cell_sum(xs) -> Array:
+  """Sum of a short list of equal-shaped arrays as one chain of adds, which
+  XLA fuses into one elementwise pass; ``jnp.sum(jnp.stack(xs), axis=0)``,
+  a reduction over a leading axis of 2-4, its CPU backend runs several times
+  slower (docs/noise.md, "Split-microbatch estimator")."""
+  out = xs[0]
+  for x in xs[1:]:
+    out = out + x
+  return out
+
+
 def split_moments_from_quarters(q_ab: Any, P: int, K: int) -> SplitMoments:
   """SplitMoments from the m x n cell-mean gradients of one batch.
 
@@ -363,15 +374,20 @@ def split_moments_from_quarters(q_ab: Any, P: int, K: int) -> SplitMoments:
   within = 0.0  # sum_a sum_b |q_ab - r_a|^2
   between = 0.0  # sum_a |r_a - rbar|^2
   off = 0.0  # sum_{a != a'} r_a . r_a'
-  mask = 1.0 - jnp.eye(m)
   for leaf in leaves:
     if leaf.shape[:2] != (m, n):
       raise ValueError(f"q_ab leaf leads with {leaf.shape[:2]}, expected ({m}, {n})")
     x = jnp.reshape(leaf, (m, n, -1)).astype(_acc_dtype(leaf))
-    r = jnp.mean(x, axis=1)
-    within = within + jnp.sum(jnp.square(x - r[:, None, :]))
-    between = between + jnp.sum(jnp.square(r - jnp.mean(r, axis=0)))
-    off = off + jnp.sum((r @ r.T) * mask)
+    # the (small, static) cell axes summed slice by slice: one elementwise
+    # pass per moment, where a reduction over the leading axes and an
+    # [m, D] x [D, m] product cost XLA's CPU backend several passes
+    r = [cell_sum([x[a, b] for b in range(n)]) / n for a in range(m)]
+    rbar = cell_sum(r) / m
+    within = within + jnp.sum(
+        cell_sum([jnp.square(x[a, b] - r[a]) for a in range(m) for b in range(n)])
+    )
+    between = between + jnp.sum(cell_sum([jnp.square(ra - rbar) for ra in r]))
+    off = off + 2.0 * jnp.sum(cell_sum([r[a] * r[c] for a in range(m) for c in range(a + 1, m)]))
   return SplitMoments(
       d_intra=2.0 * within / (m * (n - 1)),
       d_inter=2.0 * between / (m - 1),
