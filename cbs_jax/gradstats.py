@@ -176,10 +176,10 @@ def cell_grads(params, graphdef, batch, P, K, rl_spec, sampling_spec, m=2, n=2):
     )
     return loss, jax.tree.map(lambda t: scale * t, g), aux
 
-  # m*n separate gradients, not one vmapped over the cells: independent
-  # programs, which XLA's CPU runtime runs side by side on its threads, where
-  # the vmapped cells' batched contractions cost 6-11% over a plain gradient
-  # (docs/noise.md, "Split-microbatch estimator")
+  # m*n separate gradients, not one vmapped over the cells: independent parts
+  # of one program, which XLA's CPU runtime runs side by side on its threads,
+  # where the vmapped cells' batched contractions cost up to 11% over a plain
+  # gradient (docs/noise.md, "Split-microbatch estimator")
   outs = [cell_grad(jax.tree.map(lambda x: x[a, b], cells)) for a in range(m) for b in range(n)]
   return jax.tree.map(lambda *xs: jnp.stack(xs).reshape((m, n) + xs[0].shape), *outs)
 

@@ -5,26 +5,36 @@ three short runs, written by ``tests/golden/make_golden.py`` at the commit
 named in each file, before the typed-state refactor: the README quickstart
 (20 rounds), an adaptive off-policy run with every noise and drift path on,
 and PPO with a value head and a KL penalty. A run of the same case now must
-log the same rows, bit for bit (same seed, same machine kind: XLA's CPU
-kernels are deterministic for a fixed program).
+log the same rows (same seed, same machine kind).
 
-The one deliberate change since the fixtures were written: the tracker's
-interval widens z with the exact Student-t quantile (scipy) instead of a
-Cornish-Fisher expansion that was within 1% of it for z <= 2 at dof >= 2
-(and deliberately wider below dof 2), so the interval bounds
-(``*/b_noise_lo``, ``*/b_noise_hi``, ``adaptive/signal_lo``/``_hi``) are
-compared to 10%; everything else exactly. And one deliberate change of
-definition: noise in Adam's metric is now taken with the preconditioner
-that includes the update's own gradient, as Adam's step does
-(``gradstats.adam_metric`` with ``grad``), so the ``noise_split_adam/*``
-and ``noise_ema_adam/*`` fields, tested against an independent
-computation in tests/test_objective.py, are not compared here. And one
-deliberate change of summation order: the split path's moments
-(``noise.split_moments_from_quarters``) add the m x n cells slice by slice
-instead of reducing over their axes (docs/noise.md, "Split-microbatch
-estimator"), which moves the split-derived fields (``noise_split/*``,
-``noise_ema/*``, ``adaptive/signal``) in the last bits: they are compared
-to a relative 1e-5 (a changed estimator would miss by far more).
+How closely. Through the refactor and after it, every field matched bit for
+bit (to commit a8b4409), except where the code changed on purpose. Since
+then the float fields are compared to 1e-4 relative plus 1e-6 absolute
+(for quantities that sit near zero, such as a loss of 1e-9); integers and
+strings exactly. Why that width: the stored fixtures of two machines of one
+processor fingerprint differ by up to 2.5e-5 relative (noise statistics,
+gradient norms, expected pass rates: sums whose last bits these machines
+round differently), and computing the split path's cells as separate
+gradients instead of one vmapped gradient (``gradstats.cell_grads``) moved
+every later number by up to 2.3e-5 relative, the same rounding; a changed
+formula, loss or schedule misses by far more. Rewards, token counts and
+every other count still match exactly.
+
+The deliberate changes since the fixtures were written:
+
+* the tracker's interval widens z with the exact Student-t quantile (scipy)
+  instead of a Cornish-Fisher expansion that was within 1% of it for z <= 2
+  at dof >= 2 (and deliberately wider below dof 2), so the interval bounds
+  (``*/b_noise_lo``, ``*/b_noise_hi``, ``adaptive/signal_lo``/``_hi``) are
+  compared to 10%;
+* noise in Adam's metric is taken with the preconditioner that includes the
+  update's own gradient, as Adam's step does (``gradstats.adam_metric`` with
+  ``grad``), so the ``noise_split_adam/*`` and ``noise_ema_adam/*`` fields,
+  tested against an independent computation in tests/test_objective.py, are
+  not compared here (between the two machines above they differ even in
+  sign: a preconditioner at a tiny second moment amplifies the last bits);
+* the split moments add the cells slice by slice (``noise.cell_sum``) and
+  the cells are separate gradients: rounding only, within the width above.
 """
 
 import json
@@ -42,7 +52,7 @@ from envs import call_at_default_level  # noqa: E402  pylint: disable=wrong-impo
 
 INTERVAL_SUFFIXES = ("/b_noise_lo", "/b_noise_hi", "/signal_lo", "/signal_hi")
 REDEFINED_PREFIXES = ("noise_split_adam/", "noise_ema_adam/")
-RESUMMED_PREFIXES = ("noise_split/", "noise_ema/", "adaptive/signal")
+REL, ABS = 1e-4, 1e-6  # the float fields' width (module doc)
 
 
 def _same(a, b) -> bool:
@@ -51,24 +61,25 @@ def _same(a, b) -> bool:
   return a == b
 
 
-def _close(a, b, rel: float = 0.1) -> bool:
+def _close(a, b, rel: float = 0.1, abs_: float = 1e-12) -> bool:
   if a is None or b is None or isinstance(a, str) or isinstance(b, str):
     return a == b
-  if math.isnan(a) or math.isnan(b):
+  if math.isnan(a) or math.isnan(b) or math.isinf(a) or math.isinf(b):
     return _same(a, b)
-  if math.isinf(a) or math.isinf(b):
-    return a == b
-  return abs(a - b) <= rel * max(abs(a), abs(b)) + 1e-12
+  return abs(a - b) <= rel * max(abs(a), abs(b)) + abs_
 
 
-def _compare(key: str):
-  """How field ``key`` is compared (module doc): interval bounds to 10%,
-  the resummed split fields to 1e-5, everything else exactly."""
+def _compare(key: str, a, b) -> bool:
+  """Field ``key``'s values agree (module doc): interval bounds to 10%, other
+  floats (also inside lists, e.g. per-update fields) to ``REL`` plus ``ABS``,
+  everything else exactly."""
+  if isinstance(a, list) and isinstance(b, list):
+    return len(a) == len(b) and all(_compare(key, x, y) for x, y in zip(a, b))
+  if isinstance(a, bool) or isinstance(b, bool) or not isinstance(a, float):
+    return _same(a, b)
   if key.endswith(INTERVAL_SUFFIXES):
-    return _close
-  if key.startswith(RESUMMED_PREFIXES):
-    return lambda a, b: _close(a, b, rel=1e-5)
-  return _same
+    return _close(a, b)
+  return _close(a, b, REL, ABS)
 
 
 def diff_rows(want: list, got: list) -> list[str]:
@@ -83,7 +94,7 @@ def diff_rows(want: list, got: list) -> list[str]:
       if k not in g or k not in w:
         out.append(f"row {i}: field {k!r} only in {'fixture' if k in w else 'run'}")
         continue
-      ok = _compare(k)(w[k], g[k])
+      ok = _compare(k, w[k], g[k])
       if not ok:
         out.append(f"row {i} (round {w.get('round')}): {k}: fixture {w[k]!r}, run {g[k]!r}")
   return out
@@ -92,19 +103,25 @@ def diff_rows(want: list, got: list) -> list[str]:
 def test_diff_rows_finds_a_changed_field_and_tolerates_interval_bounds():
   want = [{"round": 1, "loss": 0.5, "noise_ema/b_noise_hi": 100.0, "x": float("nan")}]
   assert diff_rows(want, [dict(want[0], **{"noise_ema/b_noise_hi": 105.0})]) == []
-  assert diff_rows(want, [dict(want[0], loss=0.5000001)]) == [
-      "row 0 (round 1): loss: fixture 0.5, run 0.5000001"
+  assert diff_rows(want, [dict(want[0], loss=0.5001)]) == [
+      "row 0 (round 1): loss: fixture 0.5, run 0.5001"
   ]
   assert diff_rows(want, [dict(want[0], **{"noise_ema/b_noise_hi": 120.0})])
   assert diff_rows(want, [{k: v for k, v in want[0].items() if k != "x"}])
 
 
-def test_diff_rows_tolerates_only_resummed_split_fields_in_the_last_bits():
-  want = [{"round": 1, "loss": 0.5, "noise_split/g2": 2.0, "noise_ema/b_noise": float("nan")}]
-  assert diff_rows(want, [dict(want[0], **{"noise_split/g2": 2.0 * (1 + 3e-6)})]) == []
-  assert diff_rows(want, [dict(want[0], **{"noise_split/g2": 2.0 * (1 + 1e-4)})])
-  assert diff_rows(want, [dict(want[0], **{"noise_ema/b_noise": 1.0})])
-  assert diff_rows(want, [dict(want[0], loss=0.5 * (1 + 3e-6))])
+def test_diff_rows_tolerates_rounding_not_changes():
+  want = [{"round": 1, "loss": 0.5, "kappa_by_update": [0.25, 1e-9], "tag": "a", "n": 3}]
+  row = want[0]
+  # rounding: within 1e-4 relative (+ 1e-6 absolute near zero), lists elementwise
+  assert diff_rows(want, [dict(row, loss=0.5 * (1 + 3e-5), kappa_by_update=[0.25, 5e-7])]) == []
+  assert diff_rows(want, [dict(row, loss=0.5 * (1 + 3e-4))])
+  assert diff_rows(want, [dict(row, kappa_by_update=[0.2501, 1e-9])])
+  assert diff_rows(want, [dict(row, kappa_by_update=[0.25])])
+  # counts and strings exactly
+  assert diff_rows(want, [dict(row, n=4)])
+  assert diff_rows(want, [dict(row, tag="b")])
+  assert diff_rows(want, [dict(row, loss=None)])
 
 
 def test_fixtures_are_found_by_processor_fingerprint(tmp_path, monkeypatch):
@@ -121,8 +138,8 @@ def test_fixtures_are_found_by_processor_fingerprint(tmp_path, monkeypatch):
 @pytest.mark.slow
 @pytest.mark.parametrize("case", sorted(make_golden.CASES))
 def test_run_logs_the_golden_rows(case, tmp_path):
-  """Every row equal to one of the stored fixtures, all written by the
-  pre-refactor code (a changed numeric path cannot match any of them). Where
+  """Every row equal, to rounding (module doc), to one of the stored
+  fixtures, all written by the pre-refactor code. Where
   this processor's fingerprint has a fixture, no match fails; where it has
   none, no match skips, naming the processor -- the numbers of another
   instruction set are not this test's to judge. Any fixture, not only this

@@ -3,8 +3,9 @@
 Each case is a config and a number of rounds; the rows the run logs, minus
 the wall-clock fields, are stored as JSON in this folder. The stored files
 were written at the commit before the typed-state refactor (see the file's
-``commit`` field), so ``tests/test_golden.py`` checks that the refactor left
-every logged number bit-identical on the same kind of processor.
+``commit`` field), so ``tests/test_golden.py`` checks that every logged number
+still equals them on the same kind of processor: bit for bit through the
+refactor, to rounding since (its module doc says how close and why).
 
 Why per processor: XLA compiles for the host's instruction set (AVX2 or
 AVX-512 vector widths change the order of float sums), and a run's small
@@ -21,7 +22,7 @@ was written on one machine of that fingerprint, and on another machine of the
 same fingerprint both its writer (f070fc1) and later code log 5 noise fields
 that differ from it at 1e-7 (relative) and match the ``@195e09cf09`` rows bit
 for bit. So a run passes when it equals any stored fixture: all were written
-by the pre-refactor code, which a changed numeric path cannot match.
+by the pre-refactor code.
 
     python tests/golden/make_golden.py            # write every case for this processor
     python tests/golden/make_golden.py quickstart # one case
