@@ -145,7 +145,7 @@ def split_grads(
   gradients).
   """
   losses, q, aux = cell_grads(params, graphdef, batch, P, K, rl_spec, sampling_spec, m, n)
-  grad = jax.tree.map(lambda t: jnp.mean(t, axis=(0, 1)), q)
+  grad = jax.tree.map(cell_mean, q)
 
   # aux back to batch order: [m, n, (P/m)(K/n), T] -> [P*K, T]
   def ungrid(x):
@@ -158,6 +158,13 @@ def split_grads(
     d = metric(grad) if callable(metric) else metric
     moments = (moments, _leaf_split_moments(_scaled(q, d, 2), P, K))
   return jnp.sum(losses), grad, aux, moments
+
+
+def cell_mean(q: Array) -> Array:
+  """Mean of an [m, n, ...] leaf over its cell axes (the batch gradient from
+  the cells' q_ab), as adds of its slices (``noise.cell_sum``)."""
+  m, n = q.shape[:2]
+  return noise.cell_sum([q[a, b] for a in range(m) for b in range(n)]) / (m * n)
 
 
 def cell_grads(params, graphdef, batch, P, K, rl_spec, sampling_spec, m=2, n=2):

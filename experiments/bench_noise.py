@@ -179,7 +179,7 @@ def split_cells_only(params, graphdef, batch, P, K, rl_cfg, s_cfg):
   """split_grads without its moments: the cell gradients' summed loss, mean
   (the batch gradient) and aux."""
   losses, q, aux = gradstats.cell_grads(params, graphdef, batch, P, K, rl_cfg, s_cfg)
-  return jnp.sum(losses), jax.tree.map(lambda t: jnp.mean(t, axis=(0, 1)), q), aux
+  return jnp.sum(losses), jax.tree.map(gradstats.cell_mean, q), aux
 
 
 def prompt_grads(params, graphdef, batch, P, K, rl_cfg, s_cfg):
