@@ -72,3 +72,27 @@ def split_batch(g, m, n):
   q = jnp.asarray(cell_means(g, m, n))
   sm = jax.vmap(lambda x: noise.split_moments_from_quarters(x, P, K))(q)
   return noise.split_estimates(sm)
+
+
+def naive_split(q, P, K):
+  """Pairwise definitions, loops; for m=n=2 these are docs/noise.md's split formulas."""
+  m, n = q.shape[:2]
+  N = P * K
+  d_intra = np.mean(
+      [
+          np.mean([np.sum((q[a, b] - q[a, c]) ** 2) for b in range(n) for c in range(b + 1, n)])
+          for a in range(m)
+      ]
+  )
+  r = [q[a].mean(axis=0) for a in range(m)]
+  d_inter = np.mean([np.sum((r[a] - r[c]) ** 2) for a in range(m) for c in range(a + 1, m)])
+  cross = np.mean([r[a] @ r[c] for a in range(m) for c in range(m) if a != c])
+  trI = N / (2 * m * n) * d_intra
+  return dict(
+      d_intra=d_intra,
+      d_inter=d_inter,
+      cross=cross,
+      trace_intra=trI,
+      trace_inter=P / (2 * m) * d_inter - trI / K,
+      g2=cross,
+  )

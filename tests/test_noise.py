@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from cbs_jax import noise
-from tests.noise_model import assert_unbiased, exact_batch, sample, split_batch, truth
+from tests.noise_model import assert_unbiased, exact_batch, naive_split, sample, split_batch, truth
 
 # ----------------------------------------------------------------------------
 # Unbiasedness.
@@ -98,30 +98,6 @@ def test_exact_matches_naive_loop(P, K):
   for k in noise.ESTIMATE_KEYS:
     for res in (got, got_tree, got_jit):
       np.testing.assert_allclose(float(res[k]), want[k], rtol=2e-5, atol=2e-5)
-
-
-def naive_split(q, P, K):
-  """Pairwise definitions, loops; for m=n=2 these are docs/noise.md's split formulas."""
-  m, n = q.shape[:2]
-  N = P * K
-  d_intra = np.mean(
-      [
-          np.mean([np.sum((q[a, b] - q[a, c]) ** 2) for b in range(n) for c in range(b + 1, n)])
-          for a in range(m)
-      ]
-  )
-  r = [q[a].mean(axis=0) for a in range(m)]
-  d_inter = np.mean([np.sum((r[a] - r[c]) ** 2) for a in range(m) for c in range(a + 1, m)])
-  cross = np.mean([r[a] @ r[c] for a in range(m) for c in range(m) if a != c])
-  trI = N / (2 * m * n) * d_intra
-  return dict(
-      d_intra=d_intra,
-      d_inter=d_inter,
-      cross=cross,
-      trace_intra=trI,
-      trace_inter=P / (2 * m) * d_inter - trI / K,
-      g2=cross,
-  )
 
 
 def test_split_matches_design_formulas_2x2():

@@ -16,6 +16,7 @@ from cbs_jax import noise_tracker
 from cbs_jax import objective
 from cbs_jax import rl
 from cbs_jax import scoring
+from tests.noise_model import naive_split
 
 P, K, TP, TC, V = 4, 4, 4, 5, 12
 MODES = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm")
@@ -171,6 +172,27 @@ def test_per_rollout_and_split_statistics_match_a_python_loop(mode):
   got = gradstats.sum_leaves(smom)
   for f in ("d_intra", "d_inter", "cross"):
     np.testing.assert_allclose(getattr(got, f), getattr(want, f), rtol=1e-4, atol=1e-7)
+
+
+@pytest.mark.parametrize("m,n", [(4, 2), (2, 4)])
+def test_split_grid_cells_hold_the_right_rollouts(m, n):
+  """``split_grads`` on a non-square grid (its cells separate gradients, in
+  (a, b) order) against the pairwise moments, by loops, of the cell means of
+  the per-rollout gradients from a Python loop: a cell built from the wrong
+  rollouts, or cells stacked in the wrong order, moves d_intra and d_inter."""
+  graphdef, params = tiny_model()
+  batch = make_batch(graphdef, params, seed=3)
+  rl_cfg, s_cfg = cfgs()
+  g = naive_per_rollout_grads(graphdef, params, batch, rl_cfg, s_cfg)  # [P, K, D]
+  q = g.reshape(m, P // m, n, K // n, -1).mean(axis=(1, 3))
+  want = naive_split(q, P, K)
+  _, grad, _, mom = gradstats.split_grads(params, graphdef, batch, P, K, rl_cfg, s_cfg, m=m, n=n)
+  got = gradstats.sum_leaves(mom)
+  assert (got.prompt_parts, got.rollout_parts) == (m, n)
+  for f in ("d_intra", "d_inter", "cross"):
+    np.testing.assert_allclose(float(getattr(got, f)), want[f], rtol=1e-4, atol=1e-7)
+  flat = np.concatenate([np.ravel(x) for x in jax.tree.leaves(grad)])
+  np.testing.assert_allclose(flat, g.mean(axis=(0, 1)), atol=2e-6)
 
 
 def test_chunk_size_not_dividing_prompts_is_an_error():
