@@ -68,6 +68,12 @@ interval on the goal's side, on the other, or across it). The last line is
     RESULT overhead_vs_plain_grad=<exact/plain> speedup_vs_loop=<loop/exact> split_overhead=<median paired split/plain> split_lo=<> split_hi=<> split_goal=<verdict> ghost_overhead=<...> ghost_lo=<> ghost_hi=<> ghost_goal=<verdict>
 with exact the vmap path at the config's chunk_prompts (ratio of medians)
 and ghost ``ghost.moments_and_grad``.
+
+``--split_only`` times the plain gradient, the split path and its cells only
+(no exact paths, ghost or loop; the RESULT line then holds the split fields):
+the split goal at a larger model or batch in minutes, e.g.
+``python experiments/bench_noise.py --model=1m --split_only --repeats 12``;
+``--prompts`` sets P (N = P x 16).
 """
 
 from __future__ import annotations
@@ -239,6 +245,18 @@ def main():
   ap.add_argument(
       "--quick", action="store_true", help="P=4 x K=4, 2 repeats, no breakdown (a smoke run)"
   )
+  ap.add_argument(
+      "--prompts",
+      type=int,
+      default=0,
+      help="prompts P per batch (K stays the config's); 0 = the config's 16",
+  )
+  ap.add_argument(
+      "--split_only",
+      action="store_true",
+      help="time the plain gradient and the split path only (no exact paths, ghost or "
+      "loop): the split goal at a larger --model in minutes",
+  )
   args = ap.parse_args()
   config = default_cfg.get_config()
   if args.model:
@@ -246,6 +264,8 @@ def main():
       ap.error("--model builds a fresh policy; give it or --base_dir, not both")
     config.model = model_lib.preset_config(args.model, config.model, keep_vocab=True)
   config.model.dtype = args.dtype
+  if args.prompts:
+    config.batch.num_prompts = args.prompts
   if args.quick:
     args.repeats = 2
     config.batch.num_prompts, config.batch.rollouts_per_prompt = 4, 4
@@ -301,16 +321,21 @@ def main():
     )(p)
 
   paths = {"plain": plain_fn, "  plain, grad only (no aux)": plain_noaux_fn, "split": split_fn}
-  for C in sorted({C0, 1, 2, P}) if not args.quick else [C0]:
+  exact_sizes = [] if args.split_only else sorted({C0, 1, 2, P}) if not args.quick else [C0]
+  for C in exact_sizes:
     paths[f"exact c{C}"] = exact_fn(C)
-  if not args.quick:
+  if args.split_only:
+    paths["  split cells only"] = lambda p, b: split_cells_only(p, graphdef, b, P, K, rl_cfg, s_cfg)
+  elif not args.quick:
     paths["  split cells only"] = lambda p, b: split_cells_only(p, graphdef, b, P, K, rl_cfg, s_cfg)
     paths[f"  vmap-grad only c{C0}"] = lambda p, b: vmap_grad_only(
         p, graphdef, b, P, K, rl_cfg, s_cfg, C0
     )
     paths["  prompt grads (P)"] = lambda p, b: prompt_grads(p, graphdef, b, P, K, rl_cfg, s_cfg)
   ghost_forms = (
-      [] if args.no_ghost else (["auto"] if args.quick else ["auto", "gram", "materialize"])
+      []
+      if args.no_ghost or args.split_only
+      else (["auto"] if args.quick else ["auto", "gram", "materialize"])
   )
   for form in ghost_forms:
     name = "ghost" if form == "auto" else f"  ghost {form}"
@@ -328,26 +353,29 @@ def main():
     outs[name] = jax.block_until_ready(jitted[name](params, batch))  # compile + warm-up
     print(f"  compiled + warmed {name.strip()}: {time.perf_counter() - t:.1f} s", flush=True)
 
-  loop_run, loop_step = make_loop(graphdef, rl_cfg, s_cfg, P, K)
-  acc0 = [jnp.zeros(x.shape, jnp.float32) for x in jax.tree.leaves(params)]
-  m = loop_step.lower(params, batch, jnp.int32(0), counts, acc0).compile().memory_analysis()
-  mem["loop"] = (
-      dict(temp=m.temp_size_in_bytes, arg=m.argument_size_in_bytes, out=m.output_size_in_bytes)
-      if m is not None
-      else None
-  )
-  loop_mom = jax.block_until_ready(loop_run(params, batch, counts))  # compile + warm-up
+  with_loop = not args.split_only
+  if with_loop:
+    loop_run, loop_step = make_loop(graphdef, rl_cfg, s_cfg, P, K)
+    acc0 = [jnp.zeros(x.shape, jnp.float32) for x in jax.tree.leaves(params)]
+    m = loop_step.lower(params, batch, jnp.int32(0), counts, acc0).compile().memory_analysis()
+    mem["loop"] = (
+        dict(temp=m.temp_size_in_bytes, arg=m.argument_size_in_bytes, out=m.output_size_in_bytes)
+        if m is not None
+        else None
+    )
+    loop_mom = jax.block_until_ready(loop_run(params, batch, counts))  # compile + warm-up
 
   # ---- cross-checks
   (_, _), g_plain = outs["plain"]
   _, g_split, _, _ = outs["split"]
   d_split = max(rel(a, b) for a, b in zip(jax.tree.leaves(g_split), jax.tree.leaves(g_plain)))
-  ref = total_moments(loop_mom)
   print(f"check: split grad vs plain grad, max rel diff {d_split:.1e}")
-  print(
-      f"check: loop totals [sum_k|g|^2, sum_p|gbar_p|^2, |gbar|^2] = "
-      f"{ref[0]:.4e} {ref[1]:.4e} {ref[2]:.4e}"
-  )
+  if with_loop:
+    ref = total_moments(loop_mom)
+    print(
+        f"check: loop totals [sum_k|g|^2, sum_p|gbar_p|^2, |gbar|^2] = "
+        f"{ref[0]:.4e} {ref[1]:.4e} {ref[2]:.4e}"
+    )
   for name in paths:
     if name.startswith("exact"):
       print(
@@ -378,20 +406,22 @@ def main():
   # same path (a program that follows another program of other sizes can run
   # slower on the CPU: floors.Probes.once)
   times = {name: [] for name in paths}
-  times["loop"] = []
+  if with_loop:
+    times["loop"] = []
+  second = "split" if args.split_only else f"exact c{C0}"
   for r in range(args.repeats):
     for name in paths:
       jax.block_until_ready(jitted[name](params, batch))
       t = time.perf_counter()
       jax.block_until_ready(jitted[name](params, batch))
       times[name].append(time.perf_counter() - t)
-    if r < args.loop_repeats:
+    if with_loop and r < args.loop_repeats:
       t = time.perf_counter()
       jax.block_until_ready(loop_run(params, batch, counts))
       times["loop"].append(time.perf_counter() - t)
     print(
         f"  repeat {r + 1}/{args.repeats}: plain {times['plain'][-1] * 1e3:.1f} ms, "
-        f"exact c{C0} {times[f'exact c{C0}'][-1] * 1e3:.1f} ms",
+        f"{second} {times[second][-1] * 1e3:.1f} ms",
         flush=True,
     )
 
@@ -407,7 +437,7 @@ def main():
       f"{'path':<28} {'ms':>9} {'x plain':>8} {'min ms':>9} {'x (min)':>8} "
       f"{'temp MB':>9} {'arg MB':>7} {'out MB':>7}"
   )
-  for name in list(paths) + ["loop"]:
+  for name in list(paths) + (["loop"] if with_loop else []):
     mm = mem.get(name)
     mb = (lambda k: f"{mm[k] / 2**20:.2f}") if mm else (lambda k: "n/a")
     print(
@@ -419,13 +449,19 @@ def main():
       "ms = median, x plain = median / plain's median; min ms / x (min): the "
       "fastest call (least disturbed by other processes), ratio of minima"
   )
-  print(
-      f"(median of {args.repeats} calls; loop median of {args.loop_repeats} passes "
-      f"of {N} + {P} dispatches = {med['loop'] / (N + P) * 1e3:.2f} ms per dispatch; "
-      f"plain / N = {base / N * 1e3:.2f} ms per rollout)"
+  loop_note = (
+      f"loop median of {args.loop_repeats} passes of {N} + {P} dispatches = "
+      f"{med['loop'] / (N + P) * 1e3:.2f} ms per dispatch; "
+      if with_loop
+      else ""
   )
-  ex = med[f"exact c{C0}"]
+  print(
+      f"(median of {args.repeats} calls; {loop_note}plain / N = {base / N * 1e3:.2f} ms per rollout)"
+  )
   result = []
+  if with_loop:
+    ex = med[f"exact c{C0}"]
+    result.append(f"overhead_vs_plain_grad={ex / base:.3f} speedup_vs_loop={med['loop'] / ex:.2f}")
   for name, goal in (("split", 1.05), ("ghost", 1.2)):
     if name not in times:
       continue
@@ -437,10 +473,7 @@ def main():
     )
     v = verdict.replace(" ", "_")
     result.append(f"{name}_overhead={r:.3f} {name}_lo={lo:.3f} {name}_hi={hi:.3f} {name}_goal={v}")
-  print(
-      f"RESULT overhead_vs_plain_grad={ex / base:.3f} speedup_vs_loop={med['loop'] / ex:.2f} "
-      + " ".join(result)
-  )
+  print("RESULT " + " ".join(result))
 
 
 if __name__ == "__main__":
