@@ -19,6 +19,8 @@ b = p*K + k); ``objective.rollout_losses`` supplies the per-rollout terms.
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import optax
@@ -183,12 +185,28 @@ def cell_grads(params, graphdef, batch, P, K, rl_spec, sampling_spec, m=2, n=2):
     )
     return loss, jax.tree.map(lambda t: scale * t, g), aux
 
-  # m*n separate gradients, not one vmapped over the cells: independent parts
-  # of one program, which XLA's CPU runtime runs side by side on its threads,
-  # where the vmapped cells' batched contractions cost up to 11% over a plain
-  # gradient (docs/noise.md, "Split-microbatch estimator")
+  return jax.lax.platform_dependent(
+      cells,
+      cpu=functools.partial(_cells_separate, cell_grad, m, n),
+      default=functools.partial(_cells_vmapped, cell_grad),
+  )
+
+
+def _cells_separate(cell_grad, m: int, n: int, cells):
+  """The CPU's form: m*n separate gradients in one program, which XLA's CPU
+  runtime runs side by side on its threads, where the vmapped cells' batched
+  contractions cost up to 11% over a plain gradient (docs/noise.md,
+  "Split-microbatch estimator")."""
   outs = [cell_grad(jax.tree.map(lambda x: x[a, b], cells)) for a in range(m) for b in range(n)]
   return jax.tree.map(lambda *xs: jnp.stack(xs).reshape((m, n) + xs[0].shape), *outs)
+
+
+def _cells_vmapped(cell_grad, cells):
+  """Every other platform's form: one gradient vmapped over the cells (big
+  batched kernels; with the batch sharded over a mesh, each device keeps its
+  cells' rows, where separate cells cost XLA extra all-gathers and
+  all-to-alls)."""
+  return jax.vmap(jax.vmap(cell_grad))(cells)
 
 
 def _leaf_split_moments(q, P, K):

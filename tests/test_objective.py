@@ -174,12 +174,23 @@ def test_per_rollout_and_split_statistics_match_a_python_loop(mode):
     np.testing.assert_allclose(getattr(got, f), getattr(want, f), rtol=1e-4, atol=1e-7)
 
 
+@pytest.mark.parametrize("branch", ["cpu", "accelerator"])
 @pytest.mark.parametrize("m,n", [(4, 2), (2, 4)])
-def test_split_grid_cells_hold_the_right_rollouts(m, n):
-  """``split_grads`` on a non-square grid (its cells separate gradients, in
-  (a, b) order) against the pairwise moments, by loops, of the cell means of
-  the per-rollout gradients from a Python loop: a cell built from the wrong
-  rollouts, or cells stacked in the wrong order, moves d_intra and d_inter."""
+def test_split_grid_cells_hold_the_right_rollouts(m, n, branch, monkeypatch):
+  """``split_grads`` on a non-square grid against the pairwise moments, by
+  loops, of the cell means of the per-rollout gradients from a Python loop:
+  a cell built from the wrong rollouts, or cells stacked in the wrong order,
+  moves d_intra and d_inter. Both platform branches of ``cell_grads``: the
+  CPU's (separate cell gradients) and the one every other platform takes
+  (vmapped over the cells), forced here on the CPU."""
+  if branch == "accelerator":
+    monkeypatch.setattr(
+        gradstats,
+        "_cells_separate",
+        lambda cell_grad, m, n, cells: gradstats._cells_vmapped(  # pylint: disable=protected-access
+            cell_grad, cells
+        ),
+    )
   graphdef, params = tiny_model()
   batch = make_batch(graphdef, params, seed=3)
   rl_cfg, s_cfg = cfgs()
