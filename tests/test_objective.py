@@ -174,36 +174,37 @@ def test_per_rollout_and_split_statistics_match_a_python_loop(mode):
     np.testing.assert_allclose(getattr(got, f), getattr(want, f), rtol=1e-4, atol=1e-7)
 
 
-@pytest.mark.parametrize("branch", ["cpu", "accelerator"])
-@pytest.mark.parametrize("m,n", [(4, 2), (2, 4)])
-def test_split_grid_cells_hold_the_right_rollouts(m, n, branch, monkeypatch):
-  """``split_grads`` on a non-square grid against the pairwise moments, by
+def test_split_grid_cells_hold_the_right_rollouts(monkeypatch):
+  """``split_grads`` on non-square grids against the pairwise moments, by
   loops, of the cell means of the per-rollout gradients from a Python loop:
   a cell built from the wrong rollouts, or cells stacked in the wrong order,
   moves d_intra and d_inter. Both platform branches of ``cell_grads``: the
   CPU's (separate cell gradients) and the one every other platform takes
   (vmapped over the cells), forced here on the CPU."""
-  if branch == "accelerator":
-    monkeypatch.setattr(
-        gradstats,
-        "_cells_separate",
-        lambda cell_grad, m, n, cells: gradstats._cells_vmapped(  # pylint: disable=protected-access
-            cell_grad, cells
-        ),
-    )
   graphdef, params = tiny_model()
   batch = make_batch(graphdef, params, seed=3)
   rl_cfg, s_cfg = cfgs()
   g = naive_per_rollout_grads(graphdef, params, batch, rl_cfg, s_cfg)  # [P, K, D]
-  q = g.reshape(m, P // m, n, K // n, -1).mean(axis=(1, 3))
-  want = naive_split(q, P, K)
-  _, grad, _, mom = gradstats.split_grads(params, graphdef, batch, P, K, rl_cfg, s_cfg, m=m, n=n)
-  got = gradstats.sum_leaves(mom)
-  assert (got.prompt_parts, got.rollout_parts) == (m, n)
-  for f in ("d_intra", "d_inter", "cross"):
-    np.testing.assert_allclose(float(getattr(got, f)), want[f], rtol=1e-4, atol=1e-7)
-  flat = np.concatenate([np.ravel(x) for x in jax.tree.leaves(grad)])
-  np.testing.assert_allclose(flat, g.mean(axis=(0, 1)), atol=2e-6)
+  separate = gradstats._cells_separate  # pylint: disable=protected-access
+  vmapped = lambda cell_grad, m, n, cells: gradstats._cells_vmapped(  # pylint: disable=protected-access
+      cell_grad, cells
+  )
+  for branch, cpu_form in (("cpu", separate), ("accelerator", vmapped)):
+    monkeypatch.setattr(gradstats, "_cells_separate", cpu_form)
+    for m, n in ((4, 2), (2, 4)):
+      q = g.reshape(m, P // m, n, K // n, -1).mean(axis=(1, 3))
+      want = naive_split(q, P, K)
+      _, grad, _, mom = gradstats.split_grads(
+          params, graphdef, batch, P, K, rl_cfg, s_cfg, m=m, n=n
+      )
+      got = gradstats.sum_leaves(mom)
+      assert (got.prompt_parts, got.rollout_parts) == (m, n), branch
+      for f in ("d_intra", "d_inter", "cross"):
+        np.testing.assert_allclose(
+            float(getattr(got, f)), want[f], rtol=1e-4, atol=1e-7, err_msg=f"{branch} {m}x{n} {f}"
+        )
+      flat = np.concatenate([np.ravel(x) for x in jax.tree.leaves(grad)])
+      np.testing.assert_allclose(flat, g.mean(axis=(0, 1)), atol=2e-6, err_msg=branch)
 
 
 def test_chunk_size_not_dividing_prompts_is_an_error():
