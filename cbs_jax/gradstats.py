@@ -133,6 +133,7 @@ def split_grads(
     m: int = 2,
     n: int = 2,
     metric=None,
+    cells: str = "auto",
 ):
   """Gradient of the batch loss as an m x n microbatch grid.
 
@@ -144,9 +145,12 @@ def split_grads(
   pytree like the parameters, e.g. ``adam_metric``, or a function of the
   batch gradient returning one, e.g. ``adam_metric`` with ``grad``)
   ``moments`` is the pair (raw moments, moments of the metric-scaled cell
-  gradients).
+  gradients). ``cells``: how the cell gradients are computed
+  (``cell_grads``); the same numbers up to float rounding.
   """
-  losses, q, aux = cell_grads(params, graphdef, batch, P, K, rl_spec, sampling_spec, m, n)
+  losses, q, aux = cell_grads(
+      params, graphdef, batch, P, K, rl_spec, sampling_spec, m, n, cells=cells
+  )
   grad = jax.tree.map(cell_mean, q)
 
   # aux back to batch order: [m, n, (P/m)(K/n), T] -> [P*K, T]
@@ -169,14 +173,36 @@ def cell_mean(q: Array) -> Array:
   return noise.cell_sum([q[a, b] for a in range(m) for b in range(n)]) / (m * n)
 
 
-def cell_grads(params, graphdef, batch, P, K, rl_spec, sampling_spec, m=2, n=2):
+CELL_FORMS = ("auto", "separate", "vmapped")
+# Token rows per cell from which the CPU's separate cells run faster than the
+# vmapped ones; below it they run slower and cost ~2.5 s more compilation per
+# program (docs/noise.md, "Split-microbatch estimator").
+SEPARATE_MIN_ROWS = 640
+
+
+def cell_form(cells: str, rows_per_cell: int) -> str:
+  """The form ``cell_grads`` computes its cells in: "separate", "vmapped",
+  or "platform" (separate on the CPU, vmapped on every other platform).
+  ``cells="auto"`` takes "platform" for cells of at least
+  ``SEPARATE_MIN_ROWS`` token rows and "vmapped" below; "separate" and
+  "vmapped" force one form on every platform."""
+  if cells not in CELL_FORMS:
+    raise ValueError(f"cells={cells!r} not in {list(CELL_FORMS)}")
+  if cells != "auto":
+    return cells
+  return "platform" if rows_per_cell >= SEPARATE_MIN_ROWS else "vmapped"
+
+
+def cell_grads(params, graphdef, batch, P, K, rl_spec, sampling_spec, m=2, n=2, cells="auto"):
   """The m x n grid's cell gradients, before any moment (arguments as
   ``split_grads``'s): ``(losses, q, aux)`` with ``losses`` [m, n] (each
   cell's summed loss), ``q`` the cell gradients q_ab (leaves [m, n, ...],
   ``split_grads``) and ``aux`` the per-token aux in grid order
-  [m, n, (P/m)(K/n), T]."""
+  [m, n, (P/m)(K/n), T]. ``cells`` picks their form (``cell_form``)."""
+  T = batch["prompt"].shape[1] + batch["completion"].shape[1]
+  form = cell_form(cells, (P * K) // (m * n) * T)
   counts = objective.counts_of(batch)
-  cells = jax.tree.map(lambda x: _grid(x, P, K, m, n), batch)
+  grid = jax.tree.map(lambda x: _grid(x, P, K, m, n), batch)
   scale = m * n  # q_ab = (N / |cell|) * grad(sum_{i in cell} L_i) = m*n*grad(...)
 
   def cell_grad(cell):
@@ -185,27 +211,27 @@ def cell_grads(params, graphdef, batch, P, K, rl_spec, sampling_spec, m=2, n=2):
     )
     return loss, jax.tree.map(lambda t: scale * t, g), aux
 
-  return jax.lax.platform_dependent(
-      cells,
-      cpu=functools.partial(_cells_separate, cell_grad, m, n),
-      default=functools.partial(_cells_vmapped, cell_grad),
-  )
+  separate = functools.partial(_cells_separate, cell_grad, m, n)
+  vmapped = functools.partial(_cells_vmapped, cell_grad)
+  if form == "platform":
+    return jax.lax.platform_dependent(grid, cpu=separate, default=vmapped)
+  return separate(grid) if form == "separate" else vmapped(grid)
 
 
 def _cells_separate(cell_grad, m: int, n: int, cells):
-  """The CPU's form: m*n separate gradients in one program, which XLA's CPU
-  runtime runs side by side on its threads, where the vmapped cells' batched
-  contractions cost up to 11% over a plain gradient (docs/noise.md,
-  "Split-microbatch estimator")."""
+  """The CPU's form for large cells: m*n separate gradients in one program,
+  which XLA's CPU runtime runs side by side on its threads, where the
+  vmapped cells' batched contractions cost up to 11% over a plain gradient
+  (docs/noise.md, "Split-microbatch estimator")."""
   outs = [cell_grad(jax.tree.map(lambda x: x[a, b], cells)) for a in range(m) for b in range(n)]
   return jax.tree.map(lambda *xs: jnp.stack(xs).reshape((m, n) + xs[0].shape), *outs)
 
 
 def _cells_vmapped(cell_grad, cells):
-  """Every other platform's form: one gradient vmapped over the cells (big
-  batched kernels; with the batch sharded over a mesh, each device keeps its
-  cells' rows, where separate cells cost XLA extra all-gathers and
-  all-to-alls)."""
+  """Every other platform's form, and the CPU's for small cells: one
+  gradient vmapped over the cells (big batched kernels; with the batch
+  sharded over a mesh, each device keeps its cells' rows, where separate
+  cells cost XLA extra all-gathers and all-to-alls)."""
   return jax.vmap(jax.vmap(cell_grad))(cells)
 
 

@@ -32,7 +32,13 @@ load from other processes hits all of them alike; median of --repeats:
 
 Breakdown of the split path: "split cells only" is ``gradstats.cell_grads``
 and their mean (the batch gradient) without the moments: what the 2 x 2 grid
-itself costs.
+itself costs. "split separate" / "split vmapped" force the cells' form
+(``gradstats.split_grads(cells=...)``): separate gradients, or one gradient
+vmapped over the cells; "split" takes ``cells="auto"`` (on the CPU separate
+for cells of at least ``gradstats.SEPARATE_MIN_ROWS`` token rows). Their
+paired ratio, separate / vmapped, is printed and added to the RESULT line
+(``separate_vs_vmapped``, its interval, the cells' rows and the form "auto"
+took), so the threshold can be checked at any --prompts and --model.
 
 Breakdown of the exact path (to see what it costs):
 
@@ -65,12 +71,13 @@ the repeats' paired ratios (split and plain are timed in the same repeat):
 their median with a 90% bootstrap interval (``stats.paired_ratio``) and the
 verdict ``met`` / ``not met`` / ``unresolved`` (``stats.goal_verdict``: the
 interval on the goal's side, on the other, or across it). The last line is
-    RESULT overhead_vs_plain_grad=<exact/plain> speedup_vs_loop=<loop/exact> split_overhead=<median paired split/plain> split_lo=<> split_hi=<> split_goal=<verdict> ghost_overhead=<...> ghost_lo=<> ghost_hi=<> ghost_goal=<verdict>
+    RESULT overhead_vs_plain_grad=<exact/plain> speedup_vs_loop=<loop/exact> split_overhead=<median paired split/plain> split_lo=<> split_hi=<> split_goal=<verdict> ghost_overhead=<...> ghost_lo=<> ghost_hi=<> ghost_goal=<verdict> separate_vs_vmapped=<median paired> separate_lo=<> separate_hi=<> cell_rows=<> auto_form=<>
 with exact the vmap path at the config's chunk_prompts (ratio of medians)
 and ghost ``ghost.moments_and_grad``.
 
-``--split_only`` times the plain gradient, the split path and its cells only
-(no exact paths, ghost or loop; the RESULT line then holds the split fields):
+``--split_only`` times the plain gradient, the split path in its forms and
+its cells only (no exact paths, ghost or loop; the RESULT line then holds
+the split fields):
 the split goal at a larger model or batch in minutes, e.g.
 ``python experiments/bench_noise.py --model=1m --split_only --repeats 12``;
 ``--prompts`` sets P (N = P x 16).
@@ -324,10 +331,15 @@ def main():
   exact_sizes = [] if args.split_only else sorted({C0, 1, 2, P}) if not args.quick else [C0]
   for C in exact_sizes:
     paths[f"exact c{C}"] = exact_fn(C)
-  if args.split_only:
+  if args.split_only or not args.quick:
     paths["  split cells only"] = lambda p, b: split_cells_only(p, graphdef, b, P, K, rl_cfg, s_cfg)
-  elif not args.quick:
-    paths["  split cells only"] = lambda p, b: split_cells_only(p, graphdef, b, P, K, rl_cfg, s_cfg)
+    for form in ("separate", "vmapped"):
+      paths[f"  split {form}"] = (
+          lambda form: lambda p, b: gradstats.split_grads(
+              p, graphdef, b, P, K, rl_cfg, s_cfg, cells=form
+          )
+      )(form)
+  if not args.quick and not args.split_only:
     paths[f"  vmap-grad only c{C0}"] = lambda p, b: vmap_grad_only(
         p, graphdef, b, P, K, rl_cfg, s_cfg, C0
     )
@@ -473,6 +485,21 @@ def main():
     )
     v = verdict.replace(" ", "_")
     result.append(f"{name}_overhead={r:.3f} {name}_lo={lo:.3f} {name}_hi={hi:.3f} {name}_goal={v}")
+  if "  split separate" in times:
+    r, lo, hi = stats.paired_ratio(times["  split separate"], times["  split vmapped"], LEVEL)
+    T = batch["prompt"].shape[1] + batch["completion"].shape[1]
+    rows = N // 4 * T
+    form = gradstats.cell_form("auto", rows)
+    print(
+        f"split separate / split vmapped, median of the paired ratios: {r:.3f} "
+        f"[{lo:.3f}, {hi:.3f}] ({LEVEL:.0%} bootstrap); cells of {rows} token rows: "
+        f"cells='auto' takes {form!r} here (separate on the CPU from "
+        f"{gradstats.SEPARATE_MIN_ROWS} rows)"
+    )
+    result.append(
+        f"separate_vs_vmapped={r:.3f} separate_lo={lo:.3f} separate_hi={hi:.3f} "
+        f"cell_rows={rows} auto_form={form}"
+    )
   print("RESULT " + " ".join(result))
 
 

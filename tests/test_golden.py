@@ -15,8 +15,10 @@ strings exactly. Why that width: the stored fixtures of two machines of one
 processor fingerprint differ by up to 2.5e-5 relative (noise statistics,
 gradient norms, expected pass rates: sums whose last bits these machines
 round differently), and computing the split path's cells as separate
-gradients instead of one vmapped gradient (``gradstats.cell_grads``) moved
-every later number by up to 2.3e-5 relative, the same rounding; a changed
+gradients instead of one vmapped gradient (``gradstats.cell_grads``, on the
+CPU for cells of at least ``gradstats.SEPARATE_MIN_ROWS`` token rows: the
+quickstart case) moved every later number by up to 2.3e-5 relative, the
+same rounding; a changed
 formula, loss or schedule misses by far more. Rewards, token counts and
 every other count still match exactly.
 
@@ -34,7 +36,7 @@ The deliberate changes since the fixtures were written:
   not compared here (between the two machines above they differ even in
   sign: a preconditioner at a tiny second moment amplifies the last bits);
 * the split moments add the cells slice by slice (``noise.cell_sum``) and
-  the cells are separate gradients: rounding only, within the width above.
+  large cells are separate gradients: rounding only, within the width above.
 """
 
 import json

@@ -174,37 +174,70 @@ def test_per_rollout_and_split_statistics_match_a_python_loop(mode):
     np.testing.assert_allclose(getattr(got, f), getattr(want, f), rtol=1e-4, atol=1e-7)
 
 
-def test_split_grid_cells_hold_the_right_rollouts(monkeypatch):
+def test_split_grid_cells_hold_the_right_rollouts():
   """``split_grads`` on non-square grids against the pairwise moments, by
   loops, of the cell means of the per-rollout gradients from a Python loop:
   a cell built from the wrong rollouts, or cells stacked in the wrong order,
-  moves d_intra and d_inter. Both platform branches of ``cell_grads``: the
-  CPU's (separate cell gradients) and the one every other platform takes
-  (vmapped over the cells), forced here on the CPU."""
+  moves d_intra and d_inter. Every form of ``cell_grads``: separate cell
+  gradients (the CPU's for large cells), one gradient vmapped over the cells
+  (every other platform's, and the CPU's for small cells), and "auto"."""
   graphdef, params = tiny_model()
   batch = make_batch(graphdef, params, seed=3)
   rl_cfg, s_cfg = cfgs()
   g = naive_per_rollout_grads(graphdef, params, batch, rl_cfg, s_cfg)  # [P, K, D]
-  separate = gradstats._cells_separate  # pylint: disable=protected-access
-  vmapped = lambda cell_grad, m, n, cells: gradstats._cells_vmapped(  # pylint: disable=protected-access
-      cell_grad, cells
-  )
-  for branch, cpu_form in (("cpu", separate), ("accelerator", vmapped)):
-    monkeypatch.setattr(gradstats, "_cells_separate", cpu_form)
+  for cells in gradstats.CELL_FORMS:
     for m, n in ((4, 2), (2, 4)):
       q = g.reshape(m, P // m, n, K // n, -1).mean(axis=(1, 3))
       want = naive_split(q, P, K)
       _, grad, _, mom = gradstats.split_grads(
-          params, graphdef, batch, P, K, rl_cfg, s_cfg, m=m, n=n
+          params, graphdef, batch, P, K, rl_cfg, s_cfg, m=m, n=n, cells=cells
       )
       got = gradstats.sum_leaves(mom)
-      assert (got.prompt_parts, got.rollout_parts) == (m, n), branch
+      assert (got.prompt_parts, got.rollout_parts) == (m, n), cells
       for f in ("d_intra", "d_inter", "cross"):
         np.testing.assert_allclose(
-            float(getattr(got, f)), want[f], rtol=1e-4, atol=1e-7, err_msg=f"{branch} {m}x{n} {f}"
+            float(getattr(got, f)), want[f], rtol=1e-4, atol=1e-7, err_msg=f"{cells} {m}x{n} {f}"
         )
       flat = np.concatenate([np.ravel(x) for x in jax.tree.leaves(grad)])
-      np.testing.assert_allclose(flat, g.mean(axis=(0, 1)), atol=2e-6, err_msg=branch)
+      np.testing.assert_allclose(flat, g.mean(axis=(0, 1)), atol=2e-6, err_msg=cells)
+
+
+def test_cell_form_takes_separate_cells_only_where_they_are_large(monkeypatch):
+  """ "auto" takes the platform split (separate cells on the CPU) from
+  ``SEPARATE_MIN_ROWS`` token rows per cell and the vmapped cells below; a
+  forced form is kept at every size; an unknown form is an error naming it.
+  And ``cell_grads`` follows it."""
+  lim = gradstats.SEPARATE_MIN_ROWS
+  assert gradstats.cell_form("auto", lim - 1) == "vmapped"
+  assert gradstats.cell_form("auto", lim) == "platform"
+  for forced in ("separate", "vmapped"):
+    assert gradstats.cell_form(forced, 1) == gradstats.cell_form(forced, 10 * lim) == forced
+  with pytest.raises(ValueError, match="cells='vmap'"):
+    gradstats.cell_form("vmap", lim)
+  graphdef, params = tiny_model()
+  batch = make_batch(graphdef, params)
+  rl_cfg, s_cfg = cfgs()
+  rows = (P * K) // 4 * (batch["prompt"].shape[1] + batch["completion"].shape[1])
+  assert rows < lim  # the tiny batch's cells are small
+
+  def forms_traced(min_rows):
+    """The cell forms ``cell_grads`` traces under "auto" at this threshold."""
+    seen = []
+    for name in ("_cells_separate", "_cells_vmapped"):
+      form = getattr(gradstats, name)
+      monkeypatch.setattr(
+          gradstats, name, lambda *a, form=form, name=name: seen.append(name) or form(*a)
+      )
+    monkeypatch.setattr(gradstats, "SEPARATE_MIN_ROWS", min_rows)
+    jax.make_jaxpr(lambda p: gradstats.cell_grads(p, graphdef, batch, P, K, rl_cfg, s_cfg)[1])(
+        params
+    )
+    monkeypatch.undo()
+    return sorted(seen)
+
+  assert forms_traced(lim) == ["_cells_vmapped"]
+  # the platform split traces both branches: the CPU's and every other platform's
+  assert forms_traced(rows) == ["_cells_separate", "_cells_vmapped"]
 
 
 def test_chunk_size_not_dividing_prompts_is_an_error():
