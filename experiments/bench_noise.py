@@ -227,7 +227,7 @@ def rel(a, b):
   return float(np.max(np.abs(a - b)) / max(np.max(np.abs(b)), 1e-30))
 
 
-def main():
+def main(argv=None):
   ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   ap.add_argument(
       "--base_dir",
@@ -264,7 +264,7 @@ def main():
       help="time the plain gradient and the split path only (no exact paths, ghost or "
       "loop): the split goal at a larger --model in minutes",
   )
-  args = ap.parse_args()
+  args = ap.parse_args(argv)
   config = default_cfg.get_config()
   if args.model:
     if args.base_dir:

@@ -534,6 +534,26 @@ def test_bench_peers_quick_compares_with_tunix_or_says_it_skipped(capsys):
 
 
 @pytest.mark.slow
+def test_bench_noise_quick_split_only_times_both_cell_forms(tmp_path):
+  """The split path's quick run times its cells in both forms and says which
+  one ``cells="auto"`` takes: 4 x 4 rollouts of 9 + 5 tokens make cells of
+  56 token rows, below ``SEPARATE_MIN_ROWS``, so the vmapped form."""
+  from cbs_jax import gradstats  # pylint: disable=import-outside-toplevel
+
+  code, out, err = experiment_scripts.run("bench_noise", ["--quick", "--split_only"], str(tmp_path))
+  assert code == 0, err[-3000:]
+  last = out.strip().splitlines()[-1]
+  assert last.startswith("RESULT split_overhead=")
+  fields = dict(kv.split("=") for kv in last.split()[1:])
+  assert fields["cell_rows"] == "56" and 56 < gradstats.SEPARATE_MIN_ROWS
+  assert fields["auto_form"] == "vmapped"
+  r, lo, hi = (float(fields[k]) for k in ("separate_vs_vmapped", "separate_lo", "separate_hi"))
+  assert 0 < r and lo <= r <= hi
+  assert fields["split_goal"] in ("met", "not_met", "unresolved")
+  assert "ghost_overhead" not in fields  # --split_only: no exact paths
+
+
+@pytest.mark.slow
 def test_bench_malloc_quick_runs_each_arm_in_its_own_process(capsys):
   """One child process per allocator arm, each started with its own
   environment (the child reports the GLIBC_TUNABLES it saw); the speed-ups
