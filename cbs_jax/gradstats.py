@@ -180,17 +180,19 @@ CELL_FORMS = ("auto", "separate", "vmapped")
 SEPARATE_MIN_ROWS = 640
 
 
-def cell_form(cells: str, rows_per_cell: int) -> str:
+def cell_form(cells: str, rows_per_cell: int, devices: int = 1) -> str:
   """The form ``cell_grads`` computes its cells in: "separate", "vmapped",
   or "platform" (separate on the CPU, vmapped on every other platform).
   ``cells="auto"`` takes "platform" for cells of at least
-  ``SEPARATE_MIN_ROWS`` token rows and "vmapped" below; "separate" and
-  "vmapped" force one form on every platform."""
+  ``SEPARATE_MIN_ROWS`` token rows on one device, and "vmapped" below or
+  where the batch may be sharded over ``devices`` > 1 (separate cells made
+  XLA gather rows between devices); "separate" and "vmapped" force one form
+  on every platform."""
   if cells not in CELL_FORMS:
     raise ValueError(f"cells={cells!r} not in {list(CELL_FORMS)}")
   if cells != "auto":
     return cells
-  return "platform" if rows_per_cell >= SEPARATE_MIN_ROWS else "vmapped"
+  return "platform" if rows_per_cell >= SEPARATE_MIN_ROWS and devices == 1 else "vmapped"
 
 
 def cell_grads(params, graphdef, batch, P, K, rl_spec, sampling_spec, m=2, n=2, cells="auto"):
@@ -200,7 +202,7 @@ def cell_grads(params, graphdef, batch, P, K, rl_spec, sampling_spec, m=2, n=2, 
   ``split_grads``) and ``aux`` the per-token aux in grid order
   [m, n, (P/m)(K/n), T]. ``cells`` picks their form (``cell_form``)."""
   T = batch["prompt"].shape[1] + batch["completion"].shape[1]
-  form = cell_form(cells, (P * K) // (m * n) * T)
+  form = cell_form(cells, (P * K) // (m * n) * T, jax.device_count())
   counts = objective.counts_of(batch)
   grid = jax.tree.map(lambda x: _grid(x, P, K, m, n), batch)
   scale = m * n  # q_ab = (N / |cell|) * grad(sum_{i in cell} L_i) = m*n*grad(...)

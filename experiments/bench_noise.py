@@ -489,7 +489,7 @@ def main(argv=None):
     r, lo, hi = stats.paired_ratio(times["  split separate"], times["  split vmapped"], LEVEL)
     T = batch["prompt"].shape[1] + batch["completion"].shape[1]
     rows = N // 4 * T
-    form = gradstats.cell_form("auto", rows)
+    form = gradstats.cell_form("auto", rows, jax.device_count())
     print(
         f"split separate / split vmapped, median of the paired ratios: {r:.3f} "
         f"[{lo:.3f}, {hi:.3f}] ({LEVEL:.0%} bootstrap); cells of {rows} token rows: "

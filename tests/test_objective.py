@@ -178,14 +178,15 @@ def test_split_grid_cells_hold_the_right_rollouts():
   """``split_grads`` on non-square grids against the pairwise moments, by
   loops, of the cell means of the per-rollout gradients from a Python loop:
   a cell built from the wrong rollouts, or cells stacked in the wrong order,
-  moves d_intra and d_inter. Every form of ``cell_grads``: separate cell
-  gradients (the CPU's for large cells), one gradient vmapped over the cells
-  (every other platform's, and the CPU's for small cells), and "auto"."""
+  moves d_intra and d_inter. Both forms of ``cell_grads``: separate cell
+  gradients (the CPU's for large cells) and one gradient vmapped over the
+  cells (every other platform's, and the CPU's for small cells: what "auto"
+  takes here, ``test_cell_form_takes_separate_cells_only_where_they_are_large``)."""
   graphdef, params = tiny_model()
   batch = make_batch(graphdef, params, seed=3)
   rl_cfg, s_cfg = cfgs()
   g = naive_per_rollout_grads(graphdef, params, batch, rl_cfg, s_cfg)  # [P, K, D]
-  for cells in gradstats.CELL_FORMS:
+  for cells in ("separate", "vmapped"):
     for m, n in ((4, 2), (2, 4)):
       q = g.reshape(m, P // m, n, K // n, -1).mean(axis=(1, 3))
       want = naive_split(q, P, K)
@@ -210,6 +211,7 @@ def test_cell_form_takes_separate_cells_only_where_they_are_large(monkeypatch):
   lim = gradstats.SEPARATE_MIN_ROWS
   assert gradstats.cell_form("auto", lim - 1) == "vmapped"
   assert gradstats.cell_form("auto", lim) == "platform"
+  assert gradstats.cell_form("auto", 10 * lim, devices=8) == "vmapped"  # a sharded batch
   for forced in ("separate", "vmapped"):
     assert gradstats.cell_form(forced, 1) == gradstats.cell_form(forced, 10 * lim) == forced
   with pytest.raises(ValueError, match="cells='vmap'"):
