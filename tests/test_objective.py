@@ -205,7 +205,8 @@ def test_split_grid_cells_hold_the_right_rollouts():
 
 def test_cell_form_takes_separate_cells_only_where_they_are_large(monkeypatch):
   """ "auto" takes the platform split (separate cells on the CPU) from
-  ``SEPARATE_MIN_ROWS`` token rows per cell and the vmapped cells below; a
+  ``SEPARATE_MIN_ROWS`` token rows per cell in a one-device process, and the
+  vmapped cells below or where the batch may be sharded over devices; a
   forced form is kept at every size; an unknown form is an error naming it.
   And ``cell_grads`` follows it."""
   lim = gradstats.SEPARATE_MIN_ROWS
