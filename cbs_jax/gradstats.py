@@ -175,9 +175,15 @@ def cell_mean(q: Array) -> Array:
 
 CELL_FORMS = ("auto", "separate", "vmapped")
 # Token rows per cell from which the CPU's separate cells run faster than the
-# vmapped ones; below it they run slower and cost ~2.5 s more compilation per
-# program (docs/noise.md, "Split-microbatch estimator").
+# vmapped ones; below it they run no faster and still cost more compilation
+# per program (docs/noise.md, "Split-microbatch estimator").
 SEPARATE_MIN_ROWS = 640
+
+
+def cell_rows(batch, P: int, K: int, m: int = 2, n: int = 2) -> int:
+  """Token rows in one cell of the m x n grid: (P K / m n) rollouts of the
+  batch's prompt + completion length."""
+  return (P * K) // (m * n) * (batch["prompt"].shape[1] + batch["completion"].shape[1])
 
 
 def cell_form(cells: str, rows_per_cell: int, devices: int = 1) -> str:
@@ -201,8 +207,7 @@ def cell_grads(params, graphdef, batch, P, K, rl_spec, sampling_spec, m=2, n=2, 
   cell's summed loss), ``q`` the cell gradients q_ab (leaves [m, n, ...],
   ``split_grads``) and ``aux`` the per-token aux in grid order
   [m, n, (P/m)(K/n), T]. ``cells`` picks their form (``cell_form``)."""
-  T = batch["prompt"].shape[1] + batch["completion"].shape[1]
-  form = cell_form(cells, (P * K) // (m * n) * T, jax.device_count())
+  form = cell_form(cells, cell_rows(batch, P, K, m, n), jax.device_count())
   counts = objective.counts_of(batch)
   grid = jax.tree.map(lambda x: _grid(x, P, K, m, n), batch)
   scale = m * n  # q_ab = (N / |cell|) * grad(sum_{i in cell} L_i) = m*n*grad(...)

@@ -487,8 +487,7 @@ def main(argv=None):
     result.append(f"{name}_overhead={r:.3f} {name}_lo={lo:.3f} {name}_hi={hi:.3f} {name}_goal={v}")
   if "  split separate" in times:
     r, lo, hi = stats.paired_ratio(times["  split separate"], times["  split vmapped"], LEVEL)
-    T = batch["prompt"].shape[1] + batch["completion"].shape[1]
-    rows = N // 4 * T
+    rows = gradstats.cell_rows(batch, P, K)
     form = gradstats.cell_form("auto", rows, jax.device_count())
     print(
         f"split separate / split vmapped, median of the paired ratios: {r:.3f} "

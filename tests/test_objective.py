@@ -220,8 +220,9 @@ def test_cell_form_takes_separate_cells_only_where_they_are_large(monkeypatch):
   graphdef, params = tiny_model()
   batch = make_batch(graphdef, params)
   rl_cfg, s_cfg = cfgs()
-  rows = (P * K) // 4 * (batch["prompt"].shape[1] + batch["completion"].shape[1])
-  assert rows < lim  # the tiny batch's cells are small
+  rows = gradstats.cell_rows(batch, P, K)
+  # P K / 4 rollouts of prompt + completion tokens: small cells
+  assert rows == (P * K) // 4 * (batch["prompt"].shape[1] + batch["completion"].shape[1]) < lim
 
   def forms_traced(min_rows):
     """The cell forms ``cell_grads`` traces under "auto" at this threshold."""
