@@ -7,7 +7,7 @@ Import direction (one way, no cycles; each module imports only lower floors):
   sampling -> rollouts -> evaluation;  config (validation)
   run_setup (Setup) -> sft;  run_state (RunState)
   train -> main, measure, sweep -> study -> study_report, study_runner
-  systems -> probes -> plan;  plots, report
+  systems -> probes -> plan;  rounding -> plots -> report
   host_memory (no imports; applied here, on import)
 """
 

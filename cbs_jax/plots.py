@@ -29,7 +29,7 @@ import numpy as np
 from matplotlib import ticker, transforms
 from matplotlib.figure import Figure
 
-from cbs_jax import report
+from cbs_jax import rounding
 
 # Okabe-Ito, black first; markers and dash patterns carry the distinction in grey.
 COLORS = ("#000000", "#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#F0E442")
@@ -1012,17 +1012,17 @@ def noise_length(
 
 def _sig(a):
   """``a`` (array-like, masks kept) with every value rounded by
-  ``report.stable`` (the committed tables' digits)."""
+  ``rounding.stable`` (the committed tables' digits)."""
   if not np.size(a):
     return a
   a = np.ma.asarray(a, dtype=np.float64)
-  flat = np.array(report.stable(a.data.ravel().tolist()), np.float64)
+  flat = np.array(rounding.stable(a.data.ravel().tolist()), np.float64)
   return np.ma.array(flat.reshape(a.shape), mask=np.ma.getmask(a))
 
 
 def stabilize(fig: Figure) -> Figure:
   """Round the data of every line, marker set, band and error bar in
-  ``fig`` to ``report.STABLE_DIGITS`` significant digits, in place. Why:
+  ``fig`` to ``rounding.STABLE_DIGITS`` significant digits, in place. Why:
   a curve computed with numpy's exp, power or geomspace differs in the last
   bits between processors (numpy picks AVX-512 or AVX2 kernels at run
   time), and a last-bit difference in a vertex can move Agg's antialiasing,

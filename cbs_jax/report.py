@@ -22,7 +22,6 @@ import hashlib
 import importlib.metadata
 import io
 import json
-import math
 import os
 import platform
 import posixpath
@@ -32,9 +31,8 @@ import sys
 import time
 from typing import Any, Sequence
 
-import numpy as np
-
 from cbs_jax import paths
+from cbs_jax import rounding
 
 _PACKAGES = ("jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "numpy", "ml-collections")
 MANIFEST = "manifest.json"
@@ -286,32 +284,10 @@ def provenance_table(root: str = RESULTS_DIR) -> str:
   )
 
 
-STABLE_DIGITS = 10  # significant digits of a float in a committed table or record
-
-
-def stable(obj: Any, digits: int = STABLE_DIGITS) -> Any:
-  """``obj`` with every float (numpy's too) rounded to ``digits`` significant
-  digits, through dicts, lists and tuples. The same analysis on another
-  processor or BLAS differs in the last bits of a fit (seen: 1e-15
-  relative); a committed file written at 10 digits is the same bytes there,
-  so ``--replot`` can be checked byte for byte. NaN, inf, ints, bools and
-  strings pass unchanged."""
-  if isinstance(obj, dict):
-    return {k: stable(v, digits) for k, v in obj.items()}
-  if isinstance(obj, (list, tuple)):
-    return type(obj)(stable(v, digits) for v in obj)
-  if isinstance(obj, (bool, np.bool_, int, np.integer)):
-    return obj
-  if isinstance(obj, (float, np.floating)):
-    x = float(obj)
-    return float(f"{x:.{digits}g}") if math.isfinite(x) else x
-  return obj
-
-
 def write_json(path: str, doc: Any) -> None:
-  """``doc`` as indented JSON at ``path``, floats ``stable`` (numpy scalars as
+  """``doc`` as indented JSON at ``path``, floats ``rounding.stable`` (numpy scalars as
   numbers), written whole (``paths.write_atomic``)."""
-  paths.write_atomic(path, json.dumps(stable(doc), indent=1, default=float))
+  paths.write_atomic(path, json.dumps(rounding.stable(doc), indent=1, default=float))
 
 
 def csv_cells(row: dict) -> dict:
@@ -320,7 +296,7 @@ def csv_cells(row: dict) -> dict:
   out = {}
   for k, v in row.items():
     out |= v.columns(k) if hasattr(v, "columns") else {k: v}
-  return stable(out)
+  return rounding.stable(out)
 
 
 def read_rows(path: str) -> list[dict]:

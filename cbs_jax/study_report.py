@@ -25,6 +25,7 @@ import numpy as np
 from cbs_jax import paths
 from cbs_jax import plots
 from cbs_jax import report
+from cbs_jax import rounding
 from cbs_jax import stats
 from cbs_jax import study
 
@@ -41,7 +42,7 @@ def save_records(
   dict of equal-length arrays; the curve: rounds, optimizer steps,
   rollouts and held-out pass at each evaluation), each line carrying the
   group, the record's ``keys`` and ``SUMMARY_KEYS`` of its summary (as
-  ``summary.<key>``). Floats at ``report.stable``'s digits. A record is
+  ``summary.<key>``). Floats at ``rounding.stable``'s digits. A record is
   its (group, name): a name twice in one group is an error."""
   rows = []
   for group, recs in groups.items():
@@ -110,7 +111,7 @@ def write_runs_csv(path: str, records, targets) -> None:
     for t in targets:
       for x in ("rounds", "steps", "rollouts"):
         row[f"{x}@{float(t)}"] = r["to_target"][float(t)][x]
-    w.writerow(report.stable(row))
+    w.writerow(rounding.stable(row))
   paths.write_atomic(path, buf.getvalue())
 
 

@@ -43,6 +43,7 @@ from absl import logging
 from cbs_jax import measure
 from cbs_jax import paths
 from cbs_jax import report
+from cbs_jax import rounding
 from cbs_jax import run_setup
 from cbs_jax import stats
 from cbs_jax import study
@@ -209,7 +210,7 @@ def main(argv=None):
         )
     )
 
-    noise_rows = report.stable(noise_rows)  # as _fits.json commits them
+    noise_rows = rounding.stable(noise_rows)  # as _fits.json commits them
 
   # ------------------------------------------------------------ the table
   show, cols = study_report.summary_table(table, tgt)

@@ -124,7 +124,7 @@ def main(argv=None):
   command = "python experiments/k_dependence.py" + "".join(f" {a}" for a in (argv or sys.argv[1:]))
   with open(os.path.join(args.out, "k_dependence.md"), "w") as f:
     f.write(markdown(res, command))
-  # floats at report.stable's digits: the same on another processor's BLAS
+  # floats at rounding.stable's digits: the same on another processor's BLAS
   report.write_json(os.path.join(args.out, "k_dependence.json"), res)
   print(markdown(res, command))
 

@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 
 from cbs_jax import report
+from cbs_jax import rounding
 from configs import default
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -354,7 +355,7 @@ def test_git_dirty_ignores_the_committed_results_a_study_rewrites(tmp_path):
 
 
 def test_rows_written_then_read_back_are_the_same_numbers(tmp_path):
-  """The per-run curves a figure is redrawn from: floats to ``report.stable``'s
+  """The per-run curves a figure is redrawn from: floats to ``rounding.stable``'s
   10 significant digits (then exact on a second round trip), integers as
   ints, text as text, a missing cell as None."""
   out = report.Results("demo", root=str(tmp_path))
@@ -413,9 +414,9 @@ def test_ledger_takes_in_the_roots_a_study_read_runs_from(tmp_path):
 
 def test_stable_rounds_floats_to_ten_digits_and_leaves_the_rest():
   a, b = 0.8386675062352639, 0.8386675062352589  # one fit on two processors
-  assert report.stable(a) == report.stable(b) == 0.8386675062
+  assert rounding.stable(a) == rounding.stable(b) == 0.8386675062
   doc = dict(x=[np.float64(1.23456789012345e-7), (2.5, 3)], n=7, ok=True, s="1.0", bad=math.nan)
-  got = report.stable(doc)
+  got = rounding.stable(doc)
   assert got["x"] == [1.234567890e-7, (2.5, 3)] and got["n"] == 7 and got["ok"] is True
-  assert got["s"] == "1.0" and math.isnan(got["bad"]) and report.stable(math.inf) == math.inf
+  assert got["s"] == "1.0" and math.isnan(got["bad"]) and rounding.stable(math.inf) == math.inf
   assert isinstance(got["x"][0], float)
