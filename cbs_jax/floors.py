@@ -12,7 +12,7 @@ components (docs/planner.md, "Latency floors"):
   a few batch sizes; a call is 1 prefill + (Tc - 1) decode steps = Tc steps,
   so its time is ``Tc * floor + roofline_gen(b) / efficiency``;
 * ``update_step_s`` and ``train_efficiency``: one optimizer update
-  (``train.RoundUpdater``, metrics read back) at a few batch sizes: ``floor
+  (``updater.RoundUpdater``, metrics read back) at a few batch sizes: ``floor
   + train_roofline(n) / efficiency``;
 * ``round_trip_s``: a round's fixed cost outside its steps and its
   per-rollout host work: one trainer round of a single prompt
@@ -58,6 +58,7 @@ from cbs_jax import run_setup
 from cbs_jax import sampling
 from cbs_jax import systems
 from cbs_jax import train
+from cbs_jax import updater as updater_lib
 
 
 @dataclasses.dataclass(frozen=True)
@@ -204,12 +205,12 @@ class Probes:
         jax.random.key(0),
     )
 
-    tx = train.make_optimizer(config.optim)
+    tx = updater_lib.make_optimizer(config.optim)
     for n in update_batches:
       P = n // K
       batch, _, _ = train.round_batch(config, graphdef, params, params, setup, 0, P)
       batch["on_policy"] = jnp.ones((n,), bool)
-      updater = train.RoundUpdater(config, graphdef, tx, P, setup.sampling, setup.rl)
+      updater = updater_lib.RoundUpdater(config, graphdef, tx, P, setup.sampling, setup.rl)
       idx, lrs = np.arange(n)[None], np.full((1,), config.optim.lr, np.float32)
       holder = {"state": dict(params=jax.tree.map(jnp.copy, params), opt_state=tx.init(params))}
 

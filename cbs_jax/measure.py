@@ -56,6 +56,7 @@ from cbs_jax import rl
 from cbs_jax import run_setup
 from cbs_jax import sft
 from cbs_jax import train
+from cbs_jax import updater as updater_lib
 
 ROUND_OFFSET = 1_000_000  # measurement batches use rounds >= this: disjoint from training
 
@@ -73,7 +74,7 @@ def load_policy(
   if step is None or step == 0:
     return (graphdef, params, 0) + ((None,) if with_opt_state else ())
   ckpt.check_model(setup.model.to_dict(), step)
-  tx = train.make_optimizer(config.optim)
+  tx = updater_lib.make_optimizer(config.optim)
   like = dict(params=params, opt_state=tx.init(params), history=[params] * config.batch.staleness)
   state, _ = ckpt.restore(step, like)
   return (graphdef, state["params"], step) + ((state["opt_state"],) if with_opt_state else ())

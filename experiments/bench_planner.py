@@ -14,7 +14,7 @@ planner models) at every N and sets the prediction beside the measurement,
 in one run:
 
 * measured: ``train.round_batch`` (prompts, generation with EOS, host
-  verification, advantages) + one ``train.RoundUpdater`` update, metrics read
+  verification, advantages) + one ``updater.RoundUpdater`` update, metrics read
   back; compile excluded, median of ``--repeats`` rounds, each timed right
   after an untimed round of the same N (as in a run at that N). The timings
   are interleaved: each repeat times the calibration probes
@@ -56,6 +56,7 @@ from cbs_jax import model as model_lib
 from cbs_jax import probes
 from cbs_jax import systems
 from cbs_jax import train
+from cbs_jax import updater as updater_lib
 from configs import default as default_cfg
 
 
@@ -64,8 +65,8 @@ def round_fn(config, graphdef, params, setup, n):
   advantages, then one update); returns a callable and its state holder."""
   K = config.batch.rollouts_per_prompt
   P = n // K
-  tx = train.make_optimizer(config.optim)
-  updater = train.RoundUpdater(config, graphdef, tx, P, setup.sampling, setup.rl)
+  tx = updater_lib.make_optimizer(config.optim)
+  updater = updater_lib.RoundUpdater(config, graphdef, tx, P, setup.sampling, setup.rl)
   idx = np.arange(n)[None]
   lrs = np.full((1,), config.optim.lr, np.float32)
   holder = {"state": dict(params=jax.tree.map(jnp.copy, params), opt_state=tx.init(params))}

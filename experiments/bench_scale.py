@@ -24,7 +24,7 @@ The update is the trainer's: one jitted, donated optimizer step =
 ``jax.value_and_grad(objective.batch_loss)`` (GRPO's clipped policy loss,
 token-mean aggregation, a k3 KL penalty to a reference policy with beta
 0.04, off-policy ratios against stored behaviour log-probs) followed by
-``train.make_optimizer`` (global-norm clip + AdamW). Completion lengths are
+``updater.make_optimizer`` (global-norm clip + AdamW). Completion lengths are
 random (1..Tc), as sampled rollouts' are; the compute covers every position.
 
 FLOPs: ``systems.train_flops`` = 3 x a causal forward = 6 x A x tokens plus
@@ -54,7 +54,7 @@ from cbs_jax import rl
 from cbs_jax import run_setup
 from cbs_jax import scoring
 from cbs_jax import systems
-from cbs_jax import train
+from cbs_jax import updater as updater_lib
 from configs import default as default_cfg
 
 # name -> (model overrides of model.default_config(), rollouts, prompt len, completion len)
@@ -119,7 +119,7 @@ def make_batch(graphdef, params, c, n, tp, tc, seed=0):
 
 
 def make_update(graphdef, c, spec):
-  tx = train.make_optimizer(c.optim)
+  tx = updater_lib.make_optimizer(c.optim)
   rl_spec = rl.RLSpec.from_config(c.rl)
 
   def update(state, batch):

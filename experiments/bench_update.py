@@ -13,9 +13,9 @@ each shape is drawn with ``train.round_batch``.
 * host loop: what the trainer did before -- per update a ``jnp.take`` gather,
   a ``device_put`` and a dispatch of a jitted one-update function (split
   gradient on the first), learning rates from the host; metrics read once.
-  The one-update function is ``train.RoundUpdater`` called with a single
+  The one-update function is ``updater.RoundUpdater`` called with a single
   update (U = 1) on the gathered minibatch.
-* scanned: ``train.RoundUpdater``: all updates of the round as one jitted
+* scanned: ``updater.RoundUpdater``: all updates of the round as one jitted
   call (gather inside, ``lax.scan`` over updates, learning rates as an array).
 
 Both are warmed up (compile excluded) and timed round-robin with a float32
@@ -47,6 +47,7 @@ from cbs_jax import run_setup
 from cbs_jax import stats
 from cbs_jax import systems
 from cbs_jax import train
+from cbs_jax import updater as updater_lib
 from configs import default as default_cfg
 from configs import offpolicy as offpolicy_cfg
 
@@ -58,7 +59,7 @@ def make_case(c):
   setup = run_setup.prepare(c)
   graphdef, params = model_lib.build(setup.model, seed=c.seed)
   batch, _, _ = train.round_batch(c, graphdef, params, params, setup, 0)
-  tx = train.make_optimizer(c.optim)
+  tx = updater_lib.make_optimizer(c.optim)
   P, K = c.batch.num_prompts, c.batch.rollouts_per_prompt
   M, E = c.batch.num_minibatches, c.batch.num_epochs
   P_mb = P // M
@@ -71,7 +72,7 @@ def make_case(c):
       idx.append((p[:, None] * K + np.arange(K)[None]).reshape(-1))
   idx = np.stack(idx)
   lrs = np.full(len(idx), c.optim.lr, np.float32)
-  updater = train.RoundUpdater(c, graphdef, tx, P_mb, setup.sampling, setup.rl)
+  updater = updater_lib.RoundUpdater(c, graphdef, tx, P_mb, setup.sampling, setup.rl)
   state = dict(params=params, opt_state=tx.init(params))
   copy = lambda t: jax.tree.map(jnp.copy, t)
   B_mb = idx.shape[1]

@@ -14,6 +14,7 @@ from cbs_jax import config as config_lib
 from cbs_jax import noise_tracker
 from cbs_jax import run_state
 from cbs_jax import train
+from cbs_jax import updater as updater_lib
 
 B1, B2 = 0.9, 0.99
 
@@ -157,7 +158,7 @@ def test_switch_batch_rescales_nu_with_the_trackers_b_noise_and_starts_the_ramp(
   c.batch.rollouts_per_prompt = 16
   c.batch.adaptive_rescale_mu = rescale_mu
   params = {"w": jnp.ones((4,))}
-  tx = train.make_optimizer(c.optim)
+  tx = updater_lib.make_optimizer(c.optim)
   opt = tx.init(params)
   _, opt = tx.update({"w": jnp.ones((4,))}, opt, params)
   ema = noise_tracker.NoiseEMA(0.5)

@@ -72,13 +72,14 @@ def test_the_adam_metric_tracker_starts_after_adams_memory(monkeypatch):
   from cbs_jax import noise  # pylint: disable=import-outside-toplevel
   from cbs_jax import run_state  # pylint: disable=import-outside-toplevel
   from cbs_jax import train  # pylint: disable=import-outside-toplevel
+  from cbs_jax import updater  # pylint: disable=import-outside-toplevel
 
   est = dict(trace_intra=300.0, trace_inter=5.0, g2=1.0)
   monkeypatch.setattr(gradstats, "sum_leaves", lambda m, *a: m)
   monkeypatch.setattr(noise, "split_estimates", lambda m: dict(est))
   c = config_lib.base_config()
   c.optim.b2 = 0.95
-  assert train.adam_metric_warmup(0.95) == 20 and train.adam_metric_warmup(0.99) == 100
+  assert updater.adam_metric_warmup(0.95) == 20 and updater.adam_metric_warmup(0.99) == 100
   state = run_state.RunState(
       params=None,
       opt_state=None,

@@ -20,7 +20,7 @@ EIGHT = host_devices(8)
 
 SPECS = r"""
 import json, jax, jax.numpy as jnp
-from cbs_jax import model, sharding, train
+from cbs_jax import model, sharding, updater
 from configs import default
 c = model.default_config(); c.vocab_size = 16; c.num_kv_heads = 1
 g, p = model.build(c)
@@ -28,7 +28,7 @@ mesh = sharding.make_mesh(2, 2, 2)
 rules = sharding.DEFAULT_RULES
 psh = sharding.param_shardings(p, mesh, rules)
 ps = jax.device_put(p, psh)
-tx = train.make_optimizer(default.get_config().optim)
+tx = updater.make_optimizer(default.get_config().optim)
 opt = sharding.shard_state(tx.init(ps), ps, psh, mesh)
 out = {}
 for k, x in jax.tree_util.tree_flatten_with_path(ps)[0]:
