@@ -1,12 +1,12 @@
 """cbs_jax: the critical batch size of LLM policy optimization.
 
-Import direction (one way, no cycles; each module imports only lower floors):
+Import direction (one way: no cycles, checked by tests/test_imports.py):
   paths, stats, checkpoint, metrics, controller, lr_rules, batch_law
   model -> scoring -> objective (with rl) -> ghost -> gradstats
   noise -> noise_stats -> noise_tracker;  drift
   sampling -> rollouts -> evaluation;  config (validation)
   run_setup (Setup) -> sft;  run_state (RunState)
-  train -> main, measure, sweep -> study -> study_report, study_runner
+  updater -> train -> main, measure, sweep -> study -> study_report, study_runner
   systems -> probes -> plan;  rounding -> plots -> report
   host_memory (no imports; applied here, on import)
 """
