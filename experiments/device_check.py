@@ -30,6 +30,21 @@ model in float32 as in the CPU benchmark):
    latency floors (``floors.Probes``) and the planner's predicted against
    measured rollouts/s.
 
+Before any step it checks that every requirement of the package imports
+(``REQUIREMENTS``, setup.py's ``install_requires``) and, if one does not,
+names it and stops (exit 2) instead of spending the budget on steps that
+would all fail. An accelerator image often brings its own JAX, Flax and
+Optax but not every small requirement; ml-collections and tensorboardX are
+pure Python, so on a machine without a package index their wheels can be
+downloaded elsewhere and installed there without it:
+
+    pip download --no-deps ml-collections tensorboardX -d wheels      # anywhere
+    pip install --no-index --no-deps --target /tmp/site wheels/*.whl  # on the machine
+    PYTHONPATH=/tmp/site python experiments/device_check.py --out=DIR
+
+Its children run with the repository on ``PYTHONPATH``, so the package
+itself need not be installed. The versions found go into the report.
+
 Output: each step's full log ``<out>/<step>.log``, and ``<out>/device_check.json``
 (device kind, jax version, per step: status ok / failed / timeout / skipped,
 seconds, its RESULT fields). The lines printed last are one
@@ -41,6 +56,8 @@ seconds, its RESULT fields). The lines printed last are one
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
+import importlib.util
 import json
 import os
 import statistics
@@ -52,6 +69,59 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 # the 25M shape's sizes given to the trainer (the task keeps its vocabulary)
 PRESET_FLAGS = ("d_model", "num_layers", "num_heads", "num_kv_heads", "d_ff")
+
+
+# setup.py's install_requires (pip name -> the module it is imported as)
+REQUIREMENTS = {
+    "jax": "jax",
+    "flax": "flax",
+    "optax": "optax",
+    "orbax-checkpoint": "orbax.checkpoint",
+    "etils": "etils.epath",
+    "numpy": "numpy",
+    "scipy": "scipy",
+    "ml-collections": "ml_collections",
+    "absl-py": "absl",
+    "tqdm": "tqdm",
+    "tensorboardX": "tensorboardX",
+    "matplotlib": "matplotlib",
+}
+
+
+def _found(module: str) -> bool:
+  try:
+    return importlib.util.find_spec(module) is not None
+  except ImportError:  # a parent package is missing
+    return False
+
+
+def check_requirements(requirements: dict | None = None) -> tuple[list[str], dict]:
+  """(the pip names whose module is not found here, {pip name: version} of
+  those found; "?" where a module is found without package metadata), for
+  ``requirements`` (default ``REQUIREMENTS``)."""
+  missing, versions = [], {}
+  for name, module in (REQUIREMENTS if requirements is None else requirements).items():
+    if not _found(module):
+      missing.append(name)
+      continue
+    try:
+      versions[name] = importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+      versions[name] = "?"
+  return missing, versions
+
+
+def missing_message(missing: list[str], requirements: dict | None = None) -> str:
+  modules = REQUIREMENTS if requirements is None else requirements
+  names = " ".join(missing)
+  return (
+      "missing requirements: "
+      + ", ".join(f"{n} (import {modules[n]})" for n in missing)
+      + f". Install them (pip install {names}); on a machine without a package index, "
+      f"download their wheels elsewhere (pip download --no-deps {names} -d wheels) and install "
+      "those there (pip install --no-index --no-deps --target /tmp/site wheels/*.whl, then "
+      "PYTHONPATH=/tmp/site): see this script's doc"
+  )
 
 
 def _bench(script: str, *args: str) -> list[str]:
@@ -198,14 +268,24 @@ def main(argv=None):
       ap.error(f"--only: unknown steps {unknown}; known: {[s[0] for s in plan]}")
     plan = [s for s in plan if s[0] in names]
 
+  missing, versions = check_requirements()
+  if missing:
+    print(missing_message(missing), file=sys.stderr, flush=True)
+    return 2
   import jax  # pylint: disable=import-outside-toplevel
 
   dev = jax.devices()[0]
   device = f"{dev.device_kind} ({dev.platform}, {jax.device_count()} device(s))"
-  print(f"device: {device}; jax {jax.__version__}", flush=True)
+  print(f"device: {device}; " + ", ".join(f"{k} {v}" for k, v in versions.items()), flush=True)
   start = time.perf_counter()
   total_share = sum(s[2] for s in plan)
-  report = {"device": device, "jax": jax.__version__, "budget_s": args.budget_s, "steps": {}}
+  report = {
+      "device": device,
+      "jax": jax.__version__,
+      "versions": versions,
+      "budget_s": args.budget_s,
+      "steps": {},
+  }
   for i, (name, cmd, share) in enumerate(plan):
     left = args.budget_s - (time.perf_counter() - start)
     later = sum(s[2] for s in plan[i + 1 :])

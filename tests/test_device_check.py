@@ -104,3 +104,41 @@ def test_preset_shapes_match_their_published_parameter_counts():
   assert kept.vocab_size == model.default_config().vocab_size and kept.d_model == 512
   with pytest.raises(ValueError, match="unknown model preset 'big'"):
     model.preset_config("big")
+
+
+def _install_requires() -> list[str]:
+  """setup.py's install_requires, read from its source (the package need
+  not be installed), as bare distribution names."""
+  import ast  # pylint: disable=import-outside-toplevel
+  import os  # pylint: disable=import-outside-toplevel
+  import re  # pylint: disable=import-outside-toplevel
+
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  with open(os.path.join(root, "setup.py"), encoding="utf-8") as f:
+    tree = ast.parse(f.read())
+  (call,) = [
+      n for n in ast.walk(tree) if isinstance(n, ast.keyword) and n.arg == "install_requires"
+  ]
+  return [re.split(r"[\[<>=!~; ]", ast.literal_eval(e))[0] for e in call.value.elts]
+
+
+def test_the_requirements_checked_are_setup_pys_and_each_imports_here():
+  assert sorted(dc.REQUIREMENTS) == sorted(_install_requires())
+  missing, versions = dc.check_requirements()
+  assert missing == [] and set(versions) == set(dc.REQUIREMENTS)
+  import jax  # pylint: disable=import-outside-toplevel
+
+  assert versions["jax"] == jax.__version__
+
+
+def test_a_missing_requirement_is_named_before_any_step_runs(tmp_path, monkeypatch, capsys):
+  reqs = dict(dc.REQUIREMENTS, **{"no-such-dist": "no_such_module_xyz", "sub-dist": "json.nope"})
+  assert dc.check_requirements(reqs)[0] == ["no-such-dist", "sub-dist"]
+  monkeypatch.setattr(dc, "REQUIREMENTS", reqs)
+  ran = []
+  monkeypatch.setattr(dc, "run_step", lambda *a: ran.append(a) or {})
+  assert dc.main([f"--out={tmp_path}"]) == 2
+  err = capsys.readouterr().err
+  assert "missing requirements: no-such-dist (import no_such_module_xyz), sub-dist" in err
+  assert "pip download --no-deps no-such-dist sub-dist" in err
+  assert ran == [] and not (tmp_path / "device_check.json").exists()
