@@ -134,7 +134,7 @@ def make_update(graphdef, c, spec):
   return tx, jax.jit(update, donate_argnums=(0,))
 
 
-def main():
+def main(argv=None):
   ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   ap.add_argument("--cases", default=",".join(DEFAULT_CASES), help=f"subset of {list(CASES)}")
   ap.add_argument("--repeats", type=int, default=7, help="timed calls per case (median)")
@@ -145,7 +145,7 @@ def main():
       help="compute dtype of the model and of the matmul peak",
   )
   ap.add_argument("--quick", action="store_true", help="batches / 4, 3 repeats")
-  args = ap.parse_args()
+  args = ap.parse_args(argv)
   names = [s for s in args.cases.split(",") if s]
   bad = [s for s in names if s not in CASES]
   if bad or not names:

@@ -18,7 +18,11 @@ each shape is drawn with ``train.round_batch``.
 * scanned: ``updater.RoundUpdater``: all updates of the round as one jitted
   call (gather inside, ``lax.scan`` over updates, learning rates as an array).
 
-Both are warmed up (compile excluded) and timed round-robin with a float32
+Both are warmed up from the same state (compile excluded), and the
+parameters their warm-up rounds end at are compared (``check:`` line, and
+``update_check`` in the RESULT line: the largest relative difference over
+both shapes; the same updates in another program order their float sums
+differently, so rounding only, not a changed update), then timed round-robin with a float32
 2048^2 matmul (``probes.MatmulProbe``), each timed call right after an
 untimed call of the same path, medians of ``--repeats``; the speed-up is
 the median of the repeats' paired ratios host / scanned, with a 90% bootstrap
@@ -29,7 +33,7 @@ forward over prompt + completion tokens, = 6 x active params x tokens plus
 attention; the split path's extra work is not counted) over the scanned
 time, against the matmul's FLOP/s. Last line:
 
-    RESULT update_speedup=<host/scanned at off-policy shapes> update_lo=<> update_hi=<> update_goal=<verdict> update_mfu_vs_matmul=<float>
+    RESULT update_speedup=<host/scanned at off-policy shapes> update_lo=<> update_hi=<> update_goal=<verdict> update_mfu_vs_matmul=<float> update_check=<max rel diff>
 """
 
 from __future__ import annotations
@@ -59,6 +63,12 @@ def make_case(c):
   setup = run_setup.prepare(c)
   graphdef, params = model_lib.build(setup.model, seed=c.seed)
   batch, _, _ = train.round_batch(c, graphdef, params, params, setup, 0)
+  if not np.any(np.asarray(batch["adv"])):
+    # a fresh policy earns equal rewards in every group, so its advantages
+    # are 0 and no update would move: random ones give the updates (and the
+    # check below) something to do; the timings depend on the shapes only
+    adv = np.random.default_rng(1).standard_normal(np.shape(batch["adv"]))
+    batch["adv"] = jnp.asarray(adv, jnp.asarray(batch["adv"]).dtype)
   tx = updater_lib.make_optimizer(c.optim)
   P, K = c.batch.num_prompts, c.batch.rollouts_per_prompt
   M, E = c.batch.num_minibatches, c.batch.num_epochs
@@ -107,10 +117,25 @@ def make_case(c):
   )
 
 
-def bench(case, repeats: int, mm) -> dict:
+def max_rel_diff(a, b) -> float:
+  """The largest |a - b| / max|b| over the leaves of two pytrees."""
+  return max(
+      float(jnp.max(jnp.abs(x - y)) / jnp.maximum(jnp.max(jnp.abs(y)), 1e-30))
+      for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b))
+  )
+
+
+def bench(case, repeats: int, mm) -> tuple[dict, tuple[float, float]]:
+  """(times by path, (the two paths' warm-up rounds' largest relative
+  parameter difference, how far the host loop's round moved the parameters
+  by the same measure: the check is not vacuous))."""
   st = {k: case["state"] for k in ("host", "scanned")}
-  for k in st:  # warm-up: compile
+  for k in st:  # warm-up: compile, from the same state
     st[k] = case[k](jax.tree.map(jnp.copy, case["state"]))
+  check = (
+      max_rel_diff(st["scanned"]["params"], st["host"]["params"]),
+      max_rel_diff(st["host"]["params"], case["state"]["params"]),
+  )
   ts = {k: [] for k in list(st) + ["matmul"]}
   for _ in range(repeats):
     ts["matmul"].append(mm.probe())
@@ -121,14 +146,14 @@ def bench(case, repeats: int, mm) -> dict:
       t = time.perf_counter()
       st[k] = case[k](st[k])
       ts[k].append(time.perf_counter() - t)
-  return ts
+  return ts, check
 
 
-def main():
+def main(argv=None):
   ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   ap.add_argument("--repeats", type=int, default=10, help="timed repeats per path")
   ap.add_argument("--quick", action="store_true", help="tiny shapes, 2 repeats")
-  args = ap.parse_args()
+  args = ap.parse_args(argv)
   cases = {"quickstart": default_cfg.get_config(), "offpolicy": offpolicy_cfg.get_config()}
   repeats = args.repeats
   if args.quick:
@@ -145,16 +170,23 @@ def main():
   res = {}
   for name, c in cases.items():
     case = make_case(c)
-    ts = bench(case, repeats, mm)
+    ts, check = bench(case, repeats, mm)
     t = {k: float(np.median(v)) for k, v in ts.items()}
     peak = mm.flops(t["matmul"])
     mfu = case["flops"] / t["scanned"] / peak
-    res[name] = dict(speedup=stats.paired_ratio(ts["host"], ts["scanned"], LEVEL), mfu=mfu)
+    res[name] = dict(
+        speedup=stats.paired_ratio(ts["host"], ts["scanned"], LEVEL), mfu=mfu, check=check
+    )
     print(
         f"{name:<12}{case['params']:>9}{case['updates']:>8}{case['rollouts']:>13}"
         f"{t['host'] * 1e3:>10.1f}{t['scanned'] * 1e3:>12.1f}"
         f"{res[name]['speedup'][0]:>9.2f}{mfu:>7.3f}  (matmul {peak / 1e9:.1f} GFLOP/s)"
     )
+  check = max(v["check"][0] for v in res.values())
+  print(
+      "check: parameters after one round, scanned vs host loop, max rel diff "
+      + ", ".join(f"{k} {v['check'][0]:.1e} (moved {v['check'][1]:.1e})" for k, v in res.items())
+  )
   r, lo, hi = res["offpolicy"]["speedup"]
   verdict = stats.goal_verdict(lo, hi, GOAL, at_most=False)
   print(
@@ -164,7 +196,7 @@ def main():
   print(
       f"RESULT update_speedup={r:.3f} update_lo={lo:.3f} update_hi={hi:.3f} "
       f"update_goal={verdict.replace(' ', '_')} "
-      f"update_mfu_vs_matmul={res['quickstart']['mfu']:.3f}"
+      f"update_mfu_vs_matmul={res['quickstart']['mfu']:.3f} update_check={check:.2e}"
   )
 
 

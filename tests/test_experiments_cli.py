@@ -8,6 +8,7 @@ runs it, without a new interpreter's imports per step."""
 
 import importlib.util
 import os
+import re
 
 import pytest
 
@@ -383,7 +384,6 @@ def _check_wallclock(res):
 
 
 def _check_clipping(res):
-  import re  # pylint: disable=import-outside-toplevel
 
   (md,) = res.glob("clipping_ablation*.md")
   lines = md.read_text().splitlines()
@@ -605,3 +605,40 @@ def test_clipping_record_reads_the_dual_clip_fraction_where_it_was_logged(tmp_pa
   assert rec["dual_frac"] == pytest.approx(0.003)
   assert rec["clip_frac"] == pytest.approx(0.03) and rec["kappa_final"] == pytest.approx(0.015)
   assert exp.run_record(str(tmp_path / "plain"))["dual_frac"] is None
+
+
+def _result_fields(out: str) -> dict:
+  last = out.strip().splitlines()[-1]
+  assert last.startswith("RESULT "), last
+  return dict(kv.split("=") for kv in last.split()[1:])
+
+
+@pytest.mark.slow
+def test_bench_update_quick_runs_both_paths_to_the_same_parameters(tmp_path):
+  """The scanned round and the host loop it replaced, from one state, end
+  their round at the same parameters (float rounding apart), and the round
+  did move them (random advantages where a fresh policy's are all 0)."""
+  code, out, err = experiment_scripts.run("bench_update", ["--quick"], str(tmp_path))
+  assert code == 0, err[-3000:]
+  fields = _result_fields(out)
+  assert float(fields["update_check"]) < 1e-5
+  (check,) = [l for l in out.splitlines() if l.startswith("check: parameters after one round")]
+  moved = [float(m) for m in re.findall(r"moved ([0-9.e+-]+)\)", check)]
+  assert len(moved) == 2 and min(moved) > 1e-4, check
+  assert float(fields["update_speedup"]) > 0 and fields["update_goal"] in (
+      "met",
+      "not_met",
+      "unresolved",
+  )
+  assert 0 < float(fields["update_mfu_vs_matmul"]) < 2
+
+
+@pytest.mark.slow
+def test_bench_scale_quick_reports_each_cases_flop_utilisation(tmp_path):
+  argv = ["--quick", "--cases=quickstart,25m", "--repeats=1"]
+  code, out, err = experiment_scripts.run("bench_scale", argv, str(tmp_path))
+  assert code == 0, err[-3000:]
+  fields = _result_fields(out)
+  assert set(fields) == {"train_mfu_vs_matmul", "mfu_quickstart", "mfu_25m"}
+  assert fields["train_mfu_vs_matmul"] == fields["mfu_25m"]
+  assert all(0 < float(v) < 2 for v in fields.values())
