@@ -60,6 +60,7 @@ from cbs_jax import paths
 from cbs_jax import report
 from cbs_jax import sharding
 from cbs_jax import train
+from cbs_jax import xla_cache
 
 RESULTS = "results.jsonl"
 # fields older runs stored that the config no longer has: values derived, not
@@ -262,6 +263,7 @@ def run_sweep(
     run_fn: Callable[[ml_collections.ConfigDict, str], dict] = train.train_and_evaluate,
     progress: bool = True,
     workers: int = 1,
+    compile_cache: bool = True,
 ) -> list[dict]:
   """Run (or finish) every run of a sweep; returns the rows in sweep order.
 
@@ -281,6 +283,10 @@ def run_sweep(
   With ``base_config.distributed.enabled`` every process of the job calls
   this with the same arguments and the runs are made in lockstep (module
   docstring); ``workers`` must then be 1.
+
+  ``compile_cache``: the runs compile through a persistent XLA cache in
+  ``root/.xla_cache`` (``xla_cache.scoped``: a program compiled once is read
+  back by every later run that compiles it; the numbers do not change).
   """
   distributed = bool(base_config.distributed.enabled)
   if distributed:
@@ -360,7 +366,9 @@ def run_sweep(
   started = datetime.datetime.now(datetime.timezone.utc).isoformat()
   clock = time.monotonic()
   try:
-    _run_todo(todo, runs, prepared, run_fn, workers, finish, bar)
+    if todo:
+      with xla_cache.scoped(root, compile_cache, distributed):
+        _run_todo(todo, runs, prepared, run_fn, workers, finish, bar)
   finally:  # an exception or Ctrl-C is recorded too; a SIGKILL is not
     if lead and todo:
       report.record_invocation(
@@ -443,7 +451,13 @@ def main(argv):
     spec = json.loads(_SWEEP.value)
   except json.JSONDecodeError as e:
     raise ValueError(f"--sweep is not valid JSON ({e}): {_SWEEP.value!r}") from e
-  rows = run_sweep(_CONFIG.value, grid(spec), _WORKDIR.value, workers=_WORKERS.value)
+  rows = run_sweep(
+      _CONFIG.value,
+      grid(spec),
+      _WORKDIR.value,
+      workers=_WORKERS.value,
+      compile_cache=_COMPILE_CACHE.value,
+  )
   if jax.process_index() != 0:  # one listing per job
     return
   for row in rows:
@@ -472,6 +486,13 @@ if __name__ == "__main__":
       "workers",
       1,
       "Runs at once, each single-threaded on " "its own core (1 = one run at a time, all cores).",
+  )
+  _COMPILE_CACHE = flags.DEFINE_boolean(
+      "compile_cache",
+      True,
+      "Compile through a persistent XLA cache in <workdir>/.xla_cache, so that a "
+      "program compiled for one run is read back by the others (cbs_jax/xla_cache.py; "
+      "--nocompile_cache: every run compiles its own).",
   )
   flags.mark_flags_as_required(["config", "workdir"])
   app.run(main)

@@ -1,7 +1,11 @@
-"""Two single-threaded runs side by side vs one multi-threaded run at a time.
+"""Two ways to run one sweep, timed against each other: two single-threaded
+runs side by side vs one multi-threaded run at a time (``--compare=workers``),
+or with vs without the sweep's persistent compilation cache
+(``--compare=compile_cache``).
 
     python experiments/bench_parallel.py            # (~5 min on a 2-core CPU)
     python experiments/bench_parallel.py --quick    # (~1 min)
+    python experiments/bench_parallel.py --compare=compile_cache
 
 Why: a sweep on a small CPU can run its runs one at a time, each using every
 core through XLA's thread pool (``sweep.run_sweep(workers=1)``), or several
@@ -9,6 +13,12 @@ at once, each in its own process pinned to one core with single-threaded
 XLA (``workers=2``). Which finishes a sweep sooner depends on how well one
 small model's ops fill several cores; this measures it, so the studies'
 ``--workers`` default rests on a number.
+
+Why the cache: every seed of a grid point compiles the same programs; with
+the cache (``xla_cache.scoped``, on by default in ``sweep.run_sweep``) the
+later ones read them back. Both arms run one run at a time; the child
+processes run without a cache the caller may have configured, so the arm
+without one compiles every program.
 
 What: the same sweep twice -- the on-policy study's config
 (``configs/batch_law.py:on``: GRPO on arithmetic, held-out expected pass
@@ -20,6 +30,7 @@ sequential for --repeats 2) so that slow drift of the machine hits both
 alike. Run it on an otherwise idle machine. Last line:
 
     RESULT parallel_speedup=<sequential wall / side-by-side wall> cores=<n>
+    RESULT compile_cache_speedup=<wall without / wall with the cache> cores=<n>
 """
 
 from __future__ import annotations
@@ -36,7 +47,15 @@ import numpy as np
 
 from cbs_jax import study_runner
 from cbs_jax import sweep
+from cbs_jax import xla_cache
 from configs import batch_law
+
+# the two arms of each comparison: (name, workers > 1, compile cache)
+ARMS = {
+    "workers": (("sequential", False, True), ("parallel", True, True)),
+    "compile_cache": (("no cache", False, False), ("cache", False, True)),
+}
+RESULTS = {"workers": "parallel_speedup", "compile_cache": "compile_cache_speedup"}
 
 
 def parse_args(argv=None):
@@ -53,6 +72,12 @@ def parse_args(argv=None):
       "--repeats", type=int, default=2, help="timed sweeps per mode (order alternates: s p p s ...)"
   )
   ap.add_argument("--workers", type=int, default=2, help="runs side by side")
+  ap.add_argument(
+      "--compare",
+      default="workers",
+      choices=sorted(ARMS),
+      help="workers: side by side vs one at a time; compile_cache: with vs without the cache",
+  )
   ap.add_argument("--quick", action="store_true", help="tiny version (test suite)")
   args = ap.parse_args(argv)
   args.ns = [int(n) for n in args.ns.split(",") if n]
@@ -73,34 +98,40 @@ def _config(quick: bool, rounds: int, base_dir: str):
   return c
 
 
-def child(mode: str, root: str, ns: list[int], rounds: int, quick: bool, workers: int):
+def child(arm: tuple, root: str, ns: list[int], rounds: int, quick: bool, workers: int):
   """One timed sweep (runs in its own process): prints its wall seconds."""
+  _, side_by_side, cache = arm
   c = _config(quick, rounds, os.path.join(os.path.dirname(root), "sft_base"))
   K = c.batch.rollouts_per_prompt
   over = [{"batch.num_prompts": max(1, n // K), "seed": s} for n in ns for s in (0, 1)]
   t = time.perf_counter()
-  sweep.run_sweep(c, over, root, workers=workers if mode == "parallel" else 1, progress=False)
+  sweep.run_sweep(
+      c, over, root, workers=workers if side_by_side else 1, progress=False, compile_cache=cache
+  )
   print(json.dumps({"wall": time.perf_counter() - t}))
 
 
 def main(argv=None):
   args = parse_args(argv)
+  arms = {a[0]: a for a in ARMS[args.compare]}
   if os.environ.get("CBS_BENCH_CHILD"):
     mode, root = os.environ["CBS_BENCH_CHILD"].split(":", 1)
-    child(mode, root, args.ns, args.rounds, args.quick, args.workers)
+    child(arms[mode], root, args.ns, args.rounds, args.quick, args.workers)
     return
   tmp = tempfile.mkdtemp(prefix="cbs_bench_parallel_")
   base = os.path.join(tmp, "sft_base")
   print(f"building the shared SFT base in {base} (not timed) ...", flush=True)
   study_runner.prepare_base(_config(args.quick, args.rounds, base), tmp)
+  first, second = list(arms)
   order = []
   for r in range(args.repeats):
-    order += ["sequential", "parallel"] if r % 2 == 0 else ["parallel", "sequential"]
-  walls = {"sequential": [], "parallel": []}
+    order += [first, second] if r % 2 == 0 else [second, first]
+  walls = {first: [], second: []}
   cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
   for i, mode in enumerate(order):
     root = os.path.join(tmp, f"sweep{i}")  # a fresh root per timed sweep
     env = dict(os.environ, CBS_BENCH_CHILD=f"{mode}:{root}")
+    env.pop(xla_cache.ENV, None)  # no cache the caller configured: the arms decide
     p = subprocess.run(
         [sys.executable, os.path.abspath(__file__)] + (argv or sys.argv[1:]),
         env=env,
@@ -116,12 +147,9 @@ def main(argv=None):
         f"{wall:7.1f} s",
         flush=True,
     )
-  seq, par = (float(np.median(walls[m])) for m in ("sequential", "parallel"))
-  print(
-      f"median sequential {seq:.1f} s, side by side ({args.workers} single-threaded "
-      f"workers) {par:.1f} s on {cores} cores"
-  )
-  print(f"RESULT parallel_speedup={seq / par:.3f} cores={cores}")
+  a, b = (float(np.median(walls[m])) for m in (first, second))
+  print(f"median {first} {a:.1f} s, {second} {b:.1f} s on {cores} cores")
+  print(f"RESULT {RESULTS[args.compare]}={a / b:.3f} cores={cores}")
 
 
 if __name__ == "__main__":

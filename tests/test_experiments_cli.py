@@ -78,7 +78,7 @@ FLAGS = {
         "--quick",
     ],
     "sft_headroom": ["--root", "--out", "--quick"],
-    "bench_parallel": ["--ns", "--rounds", "--repeats", "--workers", "--quick"],
+    "bench_parallel": ["--ns", "--rounds", "--repeats", "--workers", "--compare", "--quick"],
     "tracker_resolution": ["workdir"],
     "lr_envelope": [
         "--root",
