@@ -51,7 +51,7 @@ def scoped(root: str, enabled: bool = True, distributed: bool = False):
   if user or not enabled or distributed or paths.is_remote(root):
     yield user
     return
-  folder = os.path.join(root, FOLDER)
+  folder = os.path.abspath(os.path.join(root, FOLDER))  # workers may start elsewhere
   os.makedirs(folder, exist_ok=True)
   compilation_cache.set_cache_dir(folder)
   os.environ[ENV] = folder  # for worker processes, read when they import jax

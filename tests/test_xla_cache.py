@@ -50,6 +50,13 @@ def test_a_sweep_root_gets_its_cache_for_the_block_only(tmp_path, no_configured_
   assert xla_cache.configured() is None and xla_cache.ENV not in os.environ
 
 
+def test_a_relative_root_gives_an_absolute_folder(tmp_path, monkeypatch, no_configured_cache):
+  monkeypatch.chdir(tmp_path)
+  with xla_cache.scoped("runs/sweep") as folder:
+    assert os.path.isabs(folder) and os.path.isdir(folder)
+    assert os.path.samefile(folder, tmp_path / "runs" / "sweep" / ".xla_cache")
+
+
 @pytest.mark.parametrize(
     "root,kwargs",
     [
