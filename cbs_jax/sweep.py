@@ -500,7 +500,7 @@ if __name__ == "__main__":
       True,
       "Compile through a persistent XLA cache in <workdir>/.xla_cache, so that a "
       "program compiled for one run is read back by the others (cbs_jax/xla_cache.py; "
-      "--nocompile_cache: every run compiles its own).",
+      "--nocompile_cache: no sweep cache; one you configured yourself is still used).",
   )
   flags.mark_flags_as_required(["config", "workdir"])
   app.run(main)

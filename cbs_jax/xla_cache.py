@@ -8,8 +8,9 @@ default, to compile) under a key made of the program, the compile options,
 the XLA flags and the jax/jaxlib versions, so a later compile of the same
 program, in this process or another, is a file read. The executable read
 back is the one the compile made: the runs' numbers do not change
-(tests/test_sweep.py checks a cached sweep's metrics against an uncached
-one's, and tests/conftest.py runs the whole suite with a cache).
+(tests/test_xla_cache.py checks that a run whose programs are all read back
+logs the rows of the run that compiled them, bit for bit; tests/conftest.py
+runs the whole suite with a cache).
 
 ``sweep.run_sweep`` runs inside ``scoped(root)``: the cache lives in
 ``<root>/.xla_cache`` for the sweep, in this process and in its worker

@@ -7,7 +7,10 @@ Shapes: the quickstart (``configs/default.py``: P=16 x K=16, one update per
 round with the split-microbatch noise gradient) and the off-policy study
 (``configs/offpolicy.py``: P=64 x K=16, 4 minibatches x 2 epochs = 8 updates
 per round, split noise on the first). The policy is a fresh init
-(``model.build``): timings depend on shapes only. One real rollout batch of
+(``model.build``): timings depend on shapes only. Its rewards are equal
+in every group, so its advantages are all 0 and no update would move; the
+benchmark then draws random advantages, so that the updates (and the check
+below) have something to do. One real rollout batch of
 each shape is drawn with ``train.round_batch``.
 
 * host loop: what the trainer did before -- per update a ``jnp.take`` gather,
