@@ -25,6 +25,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from cbs_jax import noise
+from cbs_jax import stats
 
 _NAN = float("nan")
 
@@ -57,6 +58,11 @@ class NoiseStats:
       ratio (nan when trace_inter <= 0); ratio_se its se.
     n_batches: batches behind the estimate (pooled M; 1 otherwise; EMA: the
       number of updates).
+    b_noise_floor: pooled only (nan otherwise): the one-sided bound
+      B_noise >= b_noise_floor at ``FLOOR_Z`` standard errors (Fieller's set
+      with |G|^2 >= 0, ``stats.fieller_lower_bound``). It exists where G2 is
+      not resolved and b_noise is nan (0 where the traces are not resolved
+      either), and is the Fieller interval's lower end where it is.
   """
 
   g2: float
@@ -82,6 +88,7 @@ class NoiseStats:
   ratio: float = _NAN
   ratio_se: float = _NAN
   n_batches: int = 1
+  b_noise_floor: float = _NAN
 
 
 def _derived(v: Mapping[str, np.ndarray], K: int) -> dict[str, np.ndarray]:
@@ -252,6 +259,9 @@ def _as_estimates(item: Any, P, K) -> dict[str, Any]:
   raise TypeError(f"cannot read estimates from {type(item).__name__}")
 
 
+FLOOR_Z = 2.0  # pooled noise scales are reported where G2 > FLOOR_Z se(G2)
+
+
 def pooled_estimates(batches: Any, P: int, K: int) -> NoiseStats:
   """Pool M batches taken at fixed parameters; jackknife SEs for everything.
 
@@ -270,7 +280,9 @@ def pooled_estimates(batches: Any, P: int, K: int) -> NoiseStats:
   means this is exactly the sample std / sqrt(M)). Point estimates of ratios
   are ratios of pooled means (not jackknife bias-corrected). Noise scales are
   reported only where G2 > 2 se(G2); otherwise ``g2_positive=False``, b_* nan
-  and flag "g2 not significantly positive (g2=..., se=...)".
+  and flag "g2 not significantly positive (g2=..., se=...)"; the one-sided
+  bound ``b_noise_floor`` (B_noise >= floor at the same 2 SE) is reported
+  either way.
   M < 2 raises ValueError.
   """
   if isinstance(batches, (noise.GroupMoments, noise.SplitMoments, Mapping)):
@@ -303,5 +315,15 @@ def pooled_estimates(batches: Any, P: int, K: int) -> NoiseStats:
     for name, th in reps.items():
       se[name] = float(np.sqrt((M - 1) / M * np.sum((th - th.mean()) ** 2)))
   g2, g2_se = mean["g2"], se["g2"]
-  significant = bool(math.isfinite(g2) and math.isfinite(g2_se) and g2 > 2.0 * g2_se)
-  return _build(mean, P, K, se=se, significant=significant, flags=[], n_batches=M)
+  significant = bool(math.isfinite(g2) and math.isfinite(g2_se) and g2 > FLOOR_Z * g2_se)
+  out = _build(mean, P, K, se=se, significant=significant, flags=[], n_batches=M)
+  # jackknife (co)variances of the pooled trace_total and G2: the same
+  # replicates as the SEs above, so var = se^2
+  tt, gg = reps["trace_total"], reps["g2"]
+  jk = lambda a, b: float((M - 1) / M * np.sum((a - a.mean()) * (b - b.mean())))
+  floor = _NAN
+  if math.isfinite(out.trace_total) and math.isfinite(g2) and np.all(np.isfinite(tt + gg)):
+    floor = stats.fieller_lower_bound(
+        out.trace_total, g2, jk(tt, tt), jk(gg, gg), jk(tt, gg), FLOOR_Z
+    )
+  return dataclasses.replace(out, b_noise_floor=floor)

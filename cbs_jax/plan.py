@@ -75,8 +75,12 @@ def _finite_pos(x) -> bool:
 
 def load_noise(run_dir: str) -> dict:
   """The best usable noise record of ``run_dir``: dict(b_noise, b_noise_se,
-  K, source, kind, flag). Raises ValueError naming the directory, the
-  files looked for and why each found record is unusable."""
+  b_noise_floor, K, source, kind, flag). A record with a resolved B_noise
+  is preferred (measurements, latest round first, then the training
+  summary); where none is resolved, the first with a one-sided bound
+  B_noise >= b_noise_floor > 0 (b_noise None: ``recommend`` then plans for
+  the worst B above the bound). Raises ValueError naming the directory,
+  the files looked for and why each found record is unusable."""
   if not os.path.isdir(run_dir):
     raise ValueError(f"run_dir {run_dir!r} is not a directory")
   looked = f"{SUMMARY} (its 'noise' block) and {MEASURE_GLOB} (from python -m cbs_jax.measure)"
@@ -95,6 +99,7 @@ def load_noise(run_dir: str) -> dict:
           dict(
               b_noise=ex.get("b_noise"),
               b_noise_se=ex.get("b_noise_se"),
+              b_noise_floor=ex.get("b_noise_floor"),
               K=rec.get("K", ex.get("K")),
               P=rec.get("P"),
               M=rec.get("M"),
@@ -118,6 +123,7 @@ def load_noise(run_dir: str) -> dict:
             dict(
                 b_noise=nz.get("b_noise"),
                 b_noise_se=nz.get("b_noise_se"),
+                b_noise_floor=nz.get("b_noise_floor"),
                 K=nz.get("K"),
                 rounds_pooled=nz.get("rounds_pooled"),
                 flag=nz.get("flag", ""),
@@ -132,9 +138,14 @@ def load_noise(run_dir: str) -> dict:
       c["b_noise"] = float(c["b_noise"])
       c["b_noise_se"] = float(c["b_noise_se"]) if c.get("b_noise_se") is not None else None
       return c
+  for c in candidates:  # none resolved: the first with a one-sided bound B_noise >= floor > 0
+    if _finite_pos(c.get("b_noise_floor")):
+      return dict(c, b_noise=None, b_noise_se=None, b_noise_floor=float(c["b_noise_floor"]))
+    floor = c.get("b_noise_floor")
     rejected.append(
         f"{c['source']}: b_noise={c['b_noise']!r} not finite and positive"
         + (f" (flag: {c['flag']})" if c.get("flag") else "")
+        + ("" if floor is None else f" and its lower bound b_noise_floor={floor!r} is not > 0")
     )
   if not candidates and not rejected:
     raise ValueError(f"run_dir {run_dir!r} holds no noise record: looked for {looked}")
@@ -197,19 +208,21 @@ def _normalise_b(noise_or_fit: Mapping[str, Any]) -> dict:
         source=d.get("source", "fit of S(N) = S_min (1 + B_crit / N)"),
     )
   if "b_noise" in d:
-    if not _finite_pos(d["b_noise"]):
-      raise ValueError(
-          f"b_noise={d['b_noise']!r} must be a positive finite number (rollouts)"
-          + (f"; flag: {d['flag']}" if d.get("flag") else "")
-      )
-    se = d.get("b_noise_se")
-    return dict(
-        b=float(d["b_noise"]),
-        b_se=float(se) if _finite_pos(se) else None,
+    common = dict(
         s_min=None if s_min is None else float(s_min),
         K=d.get("k"),
         is_fit=False,
         source=d.get("source", "noise record"),
+    )
+    if _finite_pos(d["b_noise"]):
+      se = d.get("b_noise_se")
+      return dict(common, b=float(d["b_noise"]), b_se=float(se) if _finite_pos(se) else None)
+    if _finite_pos(d.get("b_noise_floor")):  # unresolved, bounded below
+      return dict(common, b=None, b_se=None, b_floor=float(d["b_noise_floor"]))
+    raise ValueError(
+        f"b_noise={d['b_noise']!r} must be a positive finite number (rollouts), or "
+        f"b_noise_floor (a lower bound) one; got b_noise_floor={d.get('b_noise_floor')!r}"
+        + (f"; flag: {d['flag']}" if d.get("flag") else "")
     )
   raise ValueError(f"noise_or_fit has neither b_crit nor b_noise; keys: {sorted(d)}")
 
@@ -270,11 +283,22 @@ def recommend(
       machine), "documented" (``systems.documented_overheads``: the public
       floors of a named GPU, none elsewhere) or None (the bare roofline).
 
-  Returns a dict: b, b_se, b_is_fit, b_source, K, s_min, accelerator,
-  chips, dims, rows (one per N: n, p, s_rel = S/S_min, e_rel = E/E_min,
-  round_s, gen_s, train_s, rollouts_per_s, time_rel, time_s (None without
-  S_min), lr, decode_bound), best (the row with least time), n_range_2se
-  (argmin at B -+ 2 SE, when the SE is known), reasoning (lines of text).
+  A noise record whose B_noise is not resolved but bounded below
+  ({b_noise: None or nan, b_noise_floor > 0}, ``load_noise``) is planned
+  for the worst B above the bound: the rows are evaluated at B = floor,
+  each with its ``worst`` slowdown over every B >= floor
+  (``time_optimal.worst_slowdowns``), and the recommendation is the N with
+  the least (``time_optimal.minimax_n``, as the adaptive controller
+  starts).
+
+  Returns a dict: b (None when only bounded), b_se, b_floor (None unless
+  only bounded), b_is_fit, b_source, K, s_min, accelerator, chips, dims,
+  rows (one per N: n, p, s_rel = S/S_min, e_rel = E/E_min, round_s, gen_s,
+  train_s, rollouts_per_s, time_rel, time_s (None without S_min), worst
+  (None unless only bounded), lr, decode_bound), best (the row with least
+  time, or least worst slowdown), n_range_2se (argmin at B -+ 2 SE when the
+  SE is known; argmin at B = floor and as B -> inf when only bounded),
+  reasoning (lines of text).
   """
   info = _normalise_b(noise_or_fit)
   acc = probes.accelerator(accelerator)
@@ -312,7 +336,11 @@ def recommend(
       for n in ns
   ]
   round_of = dict(zip(ns, (c.total_s for c in costs))).__getitem__
-  times = [time_optimal.relative_time(n, b, round_of(n)) for n in ns]  # / S_min
+  b_floor = info.get("b_floor")
+  # only a lower bound on B: rows at the bound, and the choice for the worst B above it
+  worst = None if b is not None else time_optimal.worst_slowdowns(ns, b_floor, round_of)
+  b_rows = b if b is not None else b_floor
+  times = [time_optimal.relative_time(n, b_rows, round_of(n)) for n in ns]  # / S_min
   t_best = min(times)
   rows = []
   for n, c, t in zip(ns, costs, times):
@@ -320,14 +348,15 @@ def recommend(
         dict(
             n=n,
             p=(n // K if K and n % K == 0 else None),
-            s_rel=1.0 + b / n,
-            e_rel=1.0 + n / b,
+            s_rel=1.0 + b_rows / n,
+            e_rel=1.0 + n / b_rows,
             round_s=c.total_s,
             gen_s=c.gen_s,
             train_s=c.train_s,
             rollouts_per_s=c.rollouts_per_s,
             time_rel=t / t_best,
             time_s=None if info["s_min"] is None else info["s_min"] * t,
+            worst=None if worst is None else worst[n],
             lr=None if lr_of is None else lr_of(n),
             waves=c.waves,
             decode_bound=(
@@ -339,10 +368,18 @@ def recommend(
             ),
         )
     )
-  best = rows[ns.index(time_optimal.best_n(ns, b, round_of))]
+  if worst is None:
+    best = rows[ns.index(time_optimal.best_n(ns, b, round_of))]
+  else:
+    best = rows[ns.index(time_optimal.minimax_n(ns, b_floor, round_of))]
 
   n_range = None
-  if info["b_se"]:
+  if worst is not None:  # the optimum over B in [floor, inf)
+    n_range = (
+        time_optimal.best_n(ns, b_floor, round_of),
+        time_optimal.best_n(ns, math.inf, round_of),
+    )
+  elif info["b_se"]:
     lo_b = b - 2 * info["b_se"]
     n_lo = time_optimal.best_n(ns, lo_b, round_of) if lo_b > 0 else ns[0]
     n_range = (n_lo, time_optimal.best_n(ns, b + 2 * info["b_se"], round_of))
@@ -350,6 +387,7 @@ def recommend(
   out = dict(
       b=b,
       b_se=info["b_se"],
+      b_floor=b_floor,
       b_is_fit=info["is_fit"],
       b_source=info["source"],
       K=K,
@@ -373,9 +411,19 @@ def recommend(
 
 def _reasoning(res, dims, acc, chips, parallel, Tp, Tc) -> list[str]:
   rows, best, b = res["rows"], res["best"], res["b"]
+  floor = res.get("b_floor")
   lines = []
   if res["b_is_fit"]:
     lines.append(f"B = B_crit = {b:.4g} rollouts from {res['b_source']}.")
+  elif b is None:
+    b = floor
+    lines.append(
+        f"B_noise is not resolved in {res['b_source']} (|G|^2 within 2 SE of 0); its "
+        f"one-sided 2-SE bound is B_noise >= {floor:.4g} rollouts. The table is at that "
+        "bound; the recommendation is the N whose time to target is the least multiple "
+        "of the best N's at the worst B >= the bound (column 'worst'). Resolve B with "
+        "python -m cbs_jax.measure at a checkpoint, or fit B_crit from a sweep (--b_crit)."
+    )
   else:
     lines.append(
         f"B = B_noise = {b:.4g} rollouts"
@@ -399,19 +447,27 @@ def _reasoning(res, dims, acc, chips, parallel, Tp, Tc) -> list[str]:
       f"the mean context {ctx:g} is {cross}; the update is compute-bound)."
   )
   lines.append(
-      f"Samples: E/E_min = 1 + N/B, x2 at N = B = {b:.4g}; beyond it each "
+      f"Samples: E/E_min = 1 + N/B, x2 at N = B = {b:.4g}"
+      + (" (at the bound)" if floor is not None else "")
+      + "; beyond it each "
       "doubling of N nearly doubles the rollouts to target and saves less than a "
       "third of the rounds."
   )
   k = rows.index(best)
   why = []
-  if k + 1 < len(rows):
+  if floor is not None:  # minimax: the neighbours' worst slowdowns
+    why = [
+        f"N={r['n']} would be up to x{r['worst']:.3f} slower"
+        for r in rows[max(k - 1, 0) : k + 2]
+        if r is not best
+    ]
+  if floor is None and k + 1 < len(rows):
     up = rows[k + 1]
     why.append(
         f"doubling to N={up['n']} cuts rounds x{up['s_rel'] / best['s_rel']:.3f} "
         f"but lengthens each round x{up['round_s'] / best['round_s']:.3f}"
     )
-  if k > 0:
+  if floor is None and k > 0:
     dn = rows[k - 1]
     why.append(
         f"halving to N={dn['n']} shortens rounds x{dn['round_s'] / best['round_s']:.3f} "
@@ -427,7 +483,13 @@ def _reasoning(res, dims, acc, chips, parallel, Tp, Tc) -> list[str]:
   )
   if k in (0, len(rows) - 1) and len(rows) > 1:
     lines.append("The optimum is at the edge of the table: widen --min_n/--max_n.")
-  if res["n_range_2se"]:
+  if res["n_range_2se"] and floor is not None:
+    lo, hi = res["n_range_2se"]
+    lines.append(
+        f"For B from the bound to infinity the optimum moves over N = {lo} .. {hi}; "
+        f"N = {best['n']} is within x{best['worst']:.3f} of it at every such B."
+    )
+  elif res["n_range_2se"]:
     lo, hi = res["n_range_2se"]
     lines.append(f"With B at -2 SE .. +2 SE the optimum moves over N = {lo} .. {hi}.")
   if res["s_min"] is not None:
@@ -448,7 +510,12 @@ def format_report(res: dict) -> str:
       f"update mfu={res['mfu']}",
       f"model: {res['dims']['params']} params ({res['dims']['active_params']} active); "
       f"prompt {res['prompt_len']} + completion {res['completion_len']} tokens",
-      f"B = {res['b']:.4g} rollouts ({'B_crit fit' if res['b_is_fit'] else 'B_noise as B_crit'})",
+      (
+          f"B >= {res['b_floor']:.4g} rollouts (B_noise unresolved: its one-sided 2-SE bound)"
+          if res["b"] is None
+          else f"B = {res['b']:.4g} rollouts "
+          f"({'B_crit fit' if res['b_is_fit'] else 'B_noise as B_crit'})"
+      ),
       "latency floors: "
       + (
           "none (the bare roofline, a lower bound on time)"
@@ -456,9 +523,12 @@ def format_report(res: dict) -> str:
           else res["overheads"]["source"]
       ),
   ]
+  bounded = res["b"] is None
   cols = ["N", "P", "S/S_min", "E/E_min", "rollouts/s", "round_s", "rel_time"]
   if res["s_min"] is not None:
     cols.append("time_s")
+  if bounded:
+    cols.append("worst")
   cols += ["lr", "decode"]
   lines = head + ["", "".join(f"{c:>12}" for c in cols)]
   for r in res["rows"]:
@@ -473,6 +543,8 @@ def format_report(res: dict) -> str:
     ]
     if res["s_min"] is not None:
       vals.append(f"{r['time_s']:.4g}")
+    if bounded:
+      vals.append(f"{r['worst']:.4f}")
     vals += ["-" if r["lr"] is None else f"{r['lr']:.3g}", r["decode_bound"]]
     mark = "  <- best" if r is res["best"] else ""
     lines.append("".join(f"{v:>12}" for v in vals) + mark)

@@ -59,19 +59,18 @@ def best_n(ns: Sequence[int], b: float, round_time: Callable[[int], float]) -> i
   return int(ns[int(np.argmin(t))])
 
 
-def minimax_n(ns: Sequence[int], b_lo: float, round_time: Callable[[int], float]) -> int:
-  """The N of ``ns`` whose time to a target is the least multiple of the
-  best N's time at the worst B >= ``b_lo`` (ties: the smaller N): the
-  choice before B is known. Each N's ``relative_time`` is linear in B and
-  the best of them a concave piecewise-linear function, so the ratio is
-  monotone between the crossings of any two lines; its maximum over
-  [b_lo, inf] is at b_lo, at a crossing or as B -> inf (seconds per
-  rollout), which are all evaluated. Where round time barely grows with N
-  (launch-bound accelerators) this is a large N: a small one would be many
-  times slower at a large B and the large one only slightly slower at a
-  small B."""
+def worst_slowdowns(
+    ns: Sequence[int], b_lo: float, round_time: Callable[[int], float]
+) -> dict[int, float]:
+  """For each N of ``ns``, the largest factor by which its time to a target
+  exceeds the best N's at any B >= ``b_lo``: max over B >= b_lo of
+  relative_time(N, B) / min_M relative_time(M, B). Each N's
+  ``relative_time`` is linear in B and the best of them a concave
+  piecewise-linear function, so the ratio is monotone between the crossings
+  of any two lines; its maximum over [b_lo, inf] is at b_lo, at a crossing
+  or as B -> inf (seconds per rollout), which are all evaluated."""
   if not len(ns):
-    raise ValueError("minimax_n needs at least one batch size")
+    raise ValueError("worst_slowdowns needs at least one batch size")
   if not b_lo >= 0:
     raise ValueError(f"b_lo={b_lo!r} must be >= 0")
   t = {n: float(round_time(n)) for n in ns}
@@ -85,12 +84,23 @@ def minimax_n(ns: Sequence[int], b_lo: float, round_time: Callable[[int], float]
           bs.add(b)
   per_rollout = min(t[n] / n for n in ns)
   best = {b: min(relative_time(n, b, t[n]) for n in ns) for b in bs}
+  return {
+      n: max([relative_time(n, b, t[n]) / best[b] for b in bs] + [t[n] / n / per_rollout])
+      for n in ns
+  }
 
-  def regret(n):
-    at = [relative_time(n, b, t[n]) / best[b] for b in bs]
-    return max(at + [t[n] / n / per_rollout])
 
-  return min(ns, key=lambda n: (regret(n), n))
+def minimax_n(ns: Sequence[int], b_lo: float, round_time: Callable[[int], float]) -> int:
+  """The N of ``ns`` whose time to a target is the least multiple of the
+  best N's time at the worst B >= ``b_lo`` (``worst_slowdowns``; ties: the
+  smaller N): the choice when only a lower bound on B is known. Where round
+  time barely grows with N (launch-bound accelerators) this is a large N: a
+  small one would be many times slower at a large B and the large one only
+  slightly slower at a small B."""
+  if not len(ns):
+    raise ValueError("minimax_n needs at least one batch size")
+  worst = worst_slowdowns(ns, b_lo, round_time)
+  return min(ns, key=lambda n: (worst[n], n))
 
 
 def repays(t_cur: float, t_new: float, horizon_s: float, cost_s: float) -> bool:

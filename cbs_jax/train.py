@@ -945,6 +945,7 @@ def summarise(c, state: run_state.RunState, base_summary: dict, wall: float) -> 
         intra_inter_ratio_se=s.ratio_se,
         b_noise=s.b_noise,
         b_noise_se=s.b_noise_se,
+        b_noise_floor=s.b_noise_floor,
         flag=s.flag,
     )
   return summary

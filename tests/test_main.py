@@ -2,6 +2,7 @@
 provenance.json (first start, then every restart), by process 0 only."""
 
 import json
+import math
 import os
 import types
 
@@ -114,7 +115,12 @@ def test_run_records_trains_resumes_and_plan_reads_the_workdir(tmp_path):
   summary = main_lib.run(config, wd, command="start")
   assert summary["rounds"] == 2
   config.train.num_rounds = 3
-  assert main_lib.run(config, wd, command="resume")["rounds"] == 3
+  summary = main_lib.run(config, wd, command="resume")
+  assert summary["rounds"] == 3
+  # the pooled noise block carries the one-sided bound the planner falls back on
+  nz = summary["noise"]
+  assert nz["rounds_pooled"] == 2 and nz["b_noise_floor"] >= 0.0
+  assert nz["b_noise_floor"] <= nz["b_noise"] or math.isnan(nz["b_noise"])
   prov = _load(os.path.join(wd, "provenance.json"))
   assert prov["command"] == "start"
   assert [(r["command"], r["config_changes"]) for r in prov["restarts"]] == [

@@ -352,6 +352,11 @@ def test_minimax_n_matches_a_brute_force_over_a_dense_grid_of_b(seed):
   regret = (rel / rel.min(axis=0)).max(axis=1)
   want = ns[int(np.argmin(regret))]
   assert time_optimal.minimax_n(ns, b_lo, round_s) == want
+  worst = time_optimal.worst_slowdowns(ns, b_lo, round_s)
+  assert list(worst) == ns
+  # the exact maxima bound the grid's from above and are reached to 1e-4
+  np.testing.assert_array_less(regret * (1 - 1e-12), [worst[n] for n in ns])
+  np.testing.assert_allclose([worst[n] for n in ns], regret, rtol=1e-4)
 
 
 def test_start_goes_large_when_round_time_is_flat_and_small_when_it_is_proportional():
