@@ -505,6 +505,7 @@ else:  # no fit: the measured noise scale is the estimate of B_crit
       dict(
           b_noise=final.b_noise,
           b_noise_se=final.b_noise_se,
+          b_noise_floor=final.b_noise_floor,
           K=S["measure_K"],
           flag=final.flag,
           source="this notebook's precise measurement",

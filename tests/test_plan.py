@@ -1,7 +1,6 @@
 """cbs_jax.plan: which noise record it reads from a run directory, and the
-plan it makes when B_noise is only bounded from below (the usual end of a
-run near its plateau, docs/metrics.md, "Reading a run: its files and metrics
-fields")."""
+plan it makes when B_noise is only bounded from below, the usual end of a
+run near its plateau (docs/planner.md, "Time to target")."""
 
 import json
 import math
