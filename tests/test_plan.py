@@ -12,6 +12,7 @@ import pytest
 
 from cbs_jax import plan
 from configs import default
+from tests import entry_points
 
 ACC, CHIPS, TP, TC = "h100_sxm", 8, 9, 5
 
@@ -108,27 +109,15 @@ def test_a_resolved_b_is_planned_as_before_and_no_b_at_all_is_an_error():
     _recommend(dict(b_noise=math.nan, b_noise_floor=0.0, K=16, flag="g2 not significantly"))
 
 
-def test_plan_from_a_run_dir_whose_summary_only_bounds_b(tmp_path):
-  """The README's plan command on a workdir whose run ended near its
-  plateau: config.json and a summary with b_noise nan but a floor."""
+def test_plan_from_a_run_dir_whose_summary_only_bounds_b(tmp_path, monkeypatch):
+  """The README's plan command, its flags parsed as its command line would
+  be, on a workdir whose run ended near its plateau: config.json and a
+  summary with b_noise nan but a floor."""
   d = str(tmp_path)
   _write(os.path.join(d, "config.json"), default.get_config().to_dict())
   _write(os.path.join(d, "summary.json"), _summary(math.nan, 6000.0, flag="g2 not significantly"))
-  flags = types.SimpleNamespace(
-      run_dir=d,
-      config=None,
-      b_crit=None,
-      s_min=None,
-      e_min=None,
-      accelerator=ACC,
-      chips=CHIPS,
-      parallel="data",
-      min_n=16,
-      max_n=65536,
-      prompt_len=0,
-      completion_len=0,
-      mfu=1.0,
-  )
+  args = [f"--run_dir={d}", f"--accelerator={ACC}", f"--chips={CHIPS}"]
+  flags = types.SimpleNamespace(**entry_points.absl_parse(monkeypatch, "cbs_jax.plan", args))
   res = plan.plan_from_flags(flags)
-  assert res["b_floor"] == 6000.0 and res["K"] == 16
+  assert res["b_floor"] == 6000.0 and res["K"] == 16 and res["chips"] == CHIPS
   assert res["best"]["worst"] == min(r["worst"] for r in res["rows"])
