@@ -2,9 +2,18 @@
 so the committed notebook carries outputs that GitHub shows without running it.
 
     pip install jupytext nbclient ipykernel
-    python colab/build_tour.py                      # the Colab size, as committed
+    python colab/build_tour.py                      # the Colab size
+    python colab/build_tour.py --fresh_env          # the same, as committed (below)
     python colab/build_tour.py --size=tiny --out=/tmp/tour.ipynb
     python colab/build_tour.py --sources_only      # copy the .py's cells, keep outputs
+
+``--fresh_env`` executes the notebook in a new virtual environment that
+holds only what a Colab runtime brings (JAX, Flax, Optax, Orbax and
+matplotlib, at this environment's versions; ``COLAB_PREINSTALLED``) and the
+build tools, so the notebook's install cell really installs cbs_jax (from
+this checkout, as ``pip install <path>``) and its outputs show that install
+and the notebook's own wall time. Run it from a fresh clone at a clean
+commit, on an idle machine: the committed outputs are its record.
 
 ``--sources_only`` needs nothing installed: it replaces the notebook's cell
 sources with the twin's (same cells, same order) and keeps the outputs of
@@ -20,8 +29,10 @@ the tiny size and checks that the two files hold the same code.
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import json
 import os
+import subprocess
 import sys
 import tempfile
 import time
@@ -43,9 +54,17 @@ def main(argv=None):
       action="store_true",
       help="Copy the twin's cell sources into the notebook; keep its outputs.",
   )
+  ap.add_argument(
+      "--fresh_env",
+      action="store_true",
+      help="Execute in a new virtual environment holding only a Colab runtime's "
+      "packages and the build tools (the install cell then installs cbs_jax).",
+  )
   args = ap.parse_args(argv)
   if args.sources_only:
     return copy_sources(PY, args.out)
+  if args.fresh_env:
+    return build_in_fresh_env(args)
   import jupytext  # noqa: PLC0415  (build-time tools, not dependencies of cbs_jax)
   from nbclient import NotebookClient  # noqa: PLC0415
 
@@ -67,6 +86,38 @@ def main(argv=None):
   if os.path.abspath(args.out) == IPYNB:
     jupytext.write(nb, PY, fmt="py:percent")  # keep the pair's metadata in step
   print("wrote", args.out, file=sys.stderr)
+
+
+# what a Colab CPU runtime already holds (the tour's install cell says so)
+COLAB_PREINSTALLED = ("jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "matplotlib")
+BUILD_TOOLS = ("jupytext", "nbclient", "ipykernel")
+
+
+def colab_pins() -> list[str]:
+  """``COLAB_PREINSTALLED`` pinned to this environment's versions (a package
+  not installed here goes unpinned)."""
+  pins = []
+  for name in COLAB_PREINSTALLED:
+    try:
+      pins.append(f"{name}=={importlib.metadata.version(name)}")
+    except importlib.metadata.PackageNotFoundError:
+      pins.append(name)
+  return pins
+
+
+def build_in_fresh_env(args) -> None:
+  """Make a virtual environment with ``colab_pins()`` and the build tools,
+  then run this script in it (same size, output and run folder)."""
+  env_dir = tempfile.mkdtemp(prefix="cbs_jax_tour_env_")
+  subprocess.run([sys.executable, "-m", "venv", env_dir], check=True)
+  py = os.path.join(env_dir, "bin", "python")
+  print(f"fresh environment {env_dir}: {' '.join(colab_pins())}", file=sys.stderr)
+  subprocess.run([py, "-m", "pip", "install", "-q", *colab_pins(), *BUILD_TOOLS], check=True)
+  cmd = [py, os.path.abspath(__file__), f"--size={args.size}", f"--out={args.out}"]
+  if args.rundir:
+    cmd.append(f"--rundir={args.rundir}")
+  env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # nothing of this checkout
+  subprocess.run(cmd, check=True, env=env)
 
 
 def _percent_cells(text: str) -> list[tuple[str, list[str]]]:

@@ -30,9 +30,11 @@
 # 7. the planner's batch-size recommendation for a named accelerator.
 #
 # Everything below is the library's own code (`cbs_jax.train`, `.measure`,
-# `.sweep`, `.batch`, `.plan`, `.plots`); the notebook only wires it. The numbers in
-# the committed outputs come from one run at the `colab` size on a 2-core CPU (with
-# cbs_jax installed from a local checkout): they show what the code reports, at a
+# `.sweep`, `.batch_law`, `.plan`, `.plots`); the notebook only wires it. The numbers in
+# the committed outputs come from one run at the `colab` size on an idle 2-core CPU
+# (`python colab/build_tour.py --fresh_env`: a new virtual environment holding only
+# JAX, Flax, Optax, Orbax and matplotlib, as a Colab runtime does, so the install cell
+# below installed cbs_jax, from a local clone): they show what the code reports, at a
 # scale far too small to be a result.
 #
 # This notebook is paired with `colab/cbs_jax_tour.py` (jupytext, percent format);
