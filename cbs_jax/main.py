@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import datetime
 import json
-import os
 import sys
 
 from absl import app
@@ -32,6 +31,7 @@ from ml_collections import config_flags
 
 from cbs_jax import config as config_lib
 from cbs_jax import host_memory
+from cbs_jax import paths
 from cbs_jax import report
 from cbs_jax import sharding
 from cbs_jax import train
@@ -62,17 +62,9 @@ def config_changes(before: dict, after: dict) -> dict:
   return {k: [fb.get(k), fa.get(k)] for k in sorted(set(fb) | set(fa)) if fb.get(k) != fa.get(k)}
 
 
-def _write_atomic(path: str, text: str) -> None:
-  tmp = f"{path}.tmp.{os.getpid()}"
-  with open(tmp, "w") as f:
-    f.write(text)
-  os.replace(tmp, path)
-
-
 def _read_json(path: str):
   try:
-    with open(path) as f:
-      return json.load(f)
+    return json.loads(paths.read_text(path))
   except (OSError, ValueError) as e:
     raise ValueError(
         f"{path} is unreadable ({e}); move it away to start the run's " "record afresh"
@@ -86,15 +78,15 @@ def record_start(
   start of the run (first start or resume; see the module docstring).
   ``command`` defaults to this process's command line. Returns the
   provenance record as written."""
-  os.makedirs(workdir, exist_ok=True)
+  paths.makedirs(workdir)
   command = report.command_line() if command is None else command
   now = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-  prov_path = os.path.join(workdir, PROVENANCE_JSON)
-  cfg_path = os.path.join(workdir, CONFIG_JSON)
+  prov_path = paths.join(workdir, PROVENANCE_JSON)
+  cfg_path = paths.join(workdir, CONFIG_JSON)
   new_config = json.loads(config_json(config))
-  if os.path.exists(prov_path):
+  if paths.exists(prov_path):
     record = _read_json(prov_path)
-    before = _read_json(cfg_path) if os.path.exists(cfg_path) else {}
+    before = _read_json(cfg_path) if paths.exists(cfg_path) else {}
     record.setdefault("restarts", []).append(
         dict(
             started_utc=now,
@@ -105,8 +97,8 @@ def record_start(
     )
   else:
     record = dict(started_utc=now, command=command, **report.provenance(), restarts=[])
-  _write_atomic(cfg_path, config_json(config))
-  _write_atomic(prov_path, json.dumps(record, indent=2, default=str))
+  paths.write_atomic(cfg_path, config_json(config))
+  paths.write_atomic(prov_path, json.dumps(record, indent=2, default=str))
   return record
 
 

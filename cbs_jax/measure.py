@@ -36,7 +36,6 @@ import dataclasses
 import functools
 import json
 import math
-import os
 
 import jax
 import jax.numpy as jnp
@@ -67,8 +66,8 @@ def load_policy(
   """(graphdef, params, round) from the RL checkpoint, or the SFT base
   (round 0); with ``with_opt_state`` also the optimizer state (None for the
   SFT base)."""
-  ckpt_dir = os.path.join(workdir, "checkpoints")
-  ckpt = ckpt_lib.Checkpointer(ckpt_dir) if os.path.isdir(ckpt_dir) else None
+  ckpt_dir = paths.join(workdir, "checkpoints")
+  ckpt = ckpt_lib.Checkpointer(ckpt_dir) if paths.isdir(ckpt_dir) else None
   step = round_ if round_ is not None else (ckpt.latest_step() if ckpt else None)
   graphdef, params, _ = train.sft_base(config, workdir, setup)
   if step is None or step == 0:
@@ -287,9 +286,8 @@ def main(argv):
       opt_state=opt_state,
   )
   print(format_table(res))
-  path = os.path.join(F.workdir, f"measure_round{rnd}_P{res['P']}_K{res['K']}.json")
-  with open(path, "w") as f:
-    json.dump(to_json(res), f, indent=1, default=float)
+  path = paths.join(F.workdir, f"measure_round{rnd}_P{res['P']}_K{res['K']}.json")
+  paths.write_atomic(path, json.dumps(to_json(res), indent=1, default=float))
   print(f"wrote {path}")
 
 

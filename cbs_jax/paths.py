@@ -1,7 +1,8 @@
 """Where a run's files go: one path layer for local directories and object stores.
 
-Every file the trainer, the SFT base, sweeps and reports write or read goes
-through this module, so a workdir may be a local directory or an object-store
+Every file the trainer, the SFT base, ``cbs_jax.main``'s run record,
+measurements, the planner, sweeps and reports write or read goes through
+this module, so a workdir may be a local directory or an object-store
 URI (``gs://bucket/run`` on a TPU VM; any ``scheme://`` that ``etils.epath``
 opens). Local paths keep the ``os`` calls they always had (same files, same
 errors); a URI goes through ``etils.epath`` (gcsfs, or TensorFlow's gfile

@@ -42,7 +42,6 @@ B_noise is measured at the run's K; the table keeps that K (P = N / K).
 
 from __future__ import annotations
 
-import glob
 import json
 import math
 import os
@@ -54,6 +53,7 @@ import ml_collections
 import numpy as np
 
 from cbs_jax import lr_rules
+from cbs_jax import paths
 from cbs_jax import probes
 from cbs_jax import systems
 from cbs_jax import time_optimal
@@ -81,7 +81,7 @@ def load_noise(run_dir: str) -> dict:
   B_noise >= b_noise_floor > 0 (b_noise None: ``recommend`` then plans for
   the worst B above the bound). Raises ValueError naming the directory,
   the files looked for and why each found record is unusable."""
-  if not os.path.isdir(run_dir):
+  if not paths.isdir(run_dir):
     raise ValueError(f"run_dir {run_dir!r} is not a directory")
   looked = f"{SUMMARY} (its 'noise' block) and {MEASURE_GLOB} (from python -m cbs_jax.measure)"
   candidates, rejected = [], []
@@ -90,10 +90,9 @@ def load_noise(run_dir: str) -> dict:
     m = _MEASURE_RE.search(os.path.basename(path))
     return (int(m.group(1)) if m else -1, path)
 
-  for path in sorted(glob.glob(os.path.join(run_dir, MEASURE_GLOB)), key=_rank, reverse=True):
+  for path in sorted(paths.glob(run_dir, MEASURE_GLOB), key=_rank, reverse=True):
     try:
-      with open(path) as f:
-        rec = json.load(f)
+      rec = json.loads(paths.read_text(path))
       ex = rec["exact"]
       candidates.append(
           dict(
@@ -110,11 +109,10 @@ def load_noise(run_dir: str) -> dict:
       )
     except (OSError, ValueError, KeyError, TypeError) as e:
       rejected.append(f"{path}: unreadable ({type(e).__name__}: {e})")
-  spath = os.path.join(run_dir, SUMMARY)
-  if os.path.exists(spath):
+  spath = paths.join(run_dir, SUMMARY)
+  if paths.exists(spath):
     try:
-      with open(spath) as f:
-        summary = json.load(f)
+      summary = json.loads(paths.read_text(spath))
       nz = summary.get("noise")
       if nz is None:
         rejected.append(f"{spath}: no 'noise' block (split tracker off or < 2 rounds)")
@@ -157,11 +155,10 @@ def load_noise(run_dir: str) -> dict:
 
 def load_run_config(run_dir: str) -> ml_collections.ConfigDict | None:
   """``run_dir/config.json`` as a ConfigDict, or None when absent."""
-  path = os.path.join(run_dir, "config.json")
-  if not os.path.exists(path):
+  path = paths.join(run_dir, "config.json")
+  if not paths.exists(path):
     return None
-  with open(path) as f:
-    return ml_collections.ConfigDict(json.load(f))
+  return ml_collections.ConfigDict(json.loads(paths.read_text(path)))
 
 
 def task_lengths(config) -> tuple[int, int, int]:
@@ -592,7 +589,7 @@ def _define_flags():
 
 
 def plan_from_flags(F) -> dict:
-  run_cfg = load_run_config(F.run_dir) if F.run_dir and os.path.isdir(F.run_dir) else None
+  run_cfg = load_run_config(F.run_dir) if F.run_dir and paths.isdir(F.run_dir) else None
   if F.b_crit is not None:
     rec = dict(b_crit=F.b_crit, s_min=F.s_min, e_min=F.e_min, source="--b_crit")
   elif F.run_dir:
@@ -662,8 +659,7 @@ def main(argv):
     return 1
   print(format_report(res))
   if F.json_out:
-    with open(F.json_out, "w") as f:
-      json.dump(res, f, indent=1, default=float)
+    paths.write_atomic(F.json_out, json.dumps(res, indent=1, default=float))
     print(f"wrote {F.json_out}")
   return 0
 

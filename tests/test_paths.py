@@ -30,9 +30,13 @@ from orbax.checkpoint._src.path import gcs_utils
 from tensorboardX import event_file_writer
 
 from cbs_jax import config as config_lib
+from cbs_jax import main as main_lib
+from cbs_jax import measure
 from cbs_jax import metrics as metrics_lib
 from cbs_jax import paths
+from cbs_jax import plan
 from cbs_jax import report
+from cbs_jax import run_setup
 from cbs_jax import sweep
 from cbs_jax import tasks
 from cbs_jax import train
@@ -366,3 +370,34 @@ def test_local_run_killed_before_its_first_checkpoint_reruns_without_a_second_ro
   assert [r["round"] for r in metrics_lib.read_jsonl(f"{wd}/metrics.jsonl")] == [0, 1, 2]
   train.train_and_evaluate(tiny_config(), wd)
   assert [r["round"] for r in metrics_lib.read_jsonl(f"{wd}/metrics.jsonl")] == [0, 1, 2, 3, 4]
+
+
+def test_main_measure_and_plan_keep_a_bucket_run_in_the_bucket(
+    easy_task, fake_gcs, tmp_path, monkeypatch
+):
+  """``cbs_jax.main``'s run record (config.json, provenance.json on every
+  start), the measurement's policy and record, and the planner's reads all
+  go through the path layer: a ``gs://`` run leaves nothing in the working
+  directory, and the planner reads it where it is."""
+  cwd = tmp_path / "cwd"
+  cwd.mkdir()
+  monkeypatch.chdir(cwd)
+  wd = "gs://bucket/runs/m"
+  main_lib.run(tiny_config(), wd, command="start")
+  main_lib.run(tiny_config(train__num_rounds=5), wd, command="resume")
+  assert os.listdir(cwd) == []  # before, the record went to ./gs:/bucket/runs/m
+  prov = json.loads(paths.read_text(f"{wd}/provenance.json"))
+  assert prov["command"] == "start"
+  assert [(r["command"], r["config_changes"]) for r in prov["restarts"]] == [
+      ("resume", {"train.num_rounds": [4, 5]})
+  ]
+  config = plan.load_run_config(wd)
+  assert config.to_dict() == tiny_config(train__num_rounds=5).to_dict()
+  steps = [int(s) for s in paths.listdir(f"{wd}/checkpoints") if s.isdigit()]
+  _, _, step = measure.load_policy(config, wd, run_setup.prepare(config))
+  assert step == max(steps) == 5
+  record = dict(K=8, exact=dict(b_noise=300.0, b_noise_se=40.0, b_noise_floor=230.0))
+  paths.write_atomic(f"{wd}/measure_round5_P8_K8.json", json.dumps(record))
+  rec = plan.load_noise(wd)
+  assert rec["b_noise"] == 300.0 and rec["source"] == f"{wd}/measure_round5_P8_K8.json"
+  assert os.listdir(cwd) == []
